@@ -1,0 +1,172 @@
+//! The sandbox runtime: create, limit, observe, freeze, checkpoint, restore and destroy sandboxes on one
+//! Linux host.
+//!
+//! The server only sees the [`Runtime`] trait and the plain data types below. The Linux implementation
+//! (namespaces + cgroups + overlayfs + seccomp, CRIU for checkpoints) lives in its own modules.
+//!
+//! Methods are synchronous: they are system calls and short waits. The server calls them from
+//! `tokio::task::spawn_blocking`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::SystemTime;
+
+/// Port on which warren-agent (envd protocol) listens inside every sandbox.
+pub const AGENT_PORT: u16 = 49983;
+
+/// Resources a sandbox may use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Resources {
+    /// CPU quota in vCPUs (1.0 = one core's worth of time).
+    pub vcpus: f64,
+    /// Hard memory limit in MiB.
+    pub memory_mib: u64,
+    /// Size of the writable runtime layer in MiB.
+    pub disk_mib: u64,
+    /// Maximum number of tasks (processes + threads).
+    pub max_pids: u64,
+}
+
+/// Network settings of a sandbox. Egress allow/deny rules hang off this later.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NetworkSpec {
+    /// NAT to the host's uplink when true; loopback and the host bridge only when false.
+    pub allow_internet: bool,
+}
+
+/// Everything needed to start a sandbox.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxSpec {
+    /// Sandbox ID; also the hostname inside.
+    pub id: String,
+    /// Read-only template layer (a directory holding a root filesystem), shared by every sandbox of the
+    /// template. Never written.
+    pub template_layer: PathBuf,
+    pub resources: Resources,
+    pub network: NetworkSpec,
+}
+
+/// A sandbox that exists on this host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sandbox {
+    pub id: String,
+    /// Address of the sandbox inside the host bridge's private range.
+    pub ip: Ipv4Addr,
+    /// Host PID of the sandbox's PID 1 (warren-agent).
+    pub init_pid: u32,
+    pub state: RuntimeState,
+    pub created_at: SystemTime,
+}
+
+impl Sandbox {
+    /// Where the host reaches `port` inside this sandbox.
+    pub fn addr(&self, port: u16) -> SocketAddr {
+        SocketAddr::from((self.ip, port))
+    }
+
+    /// Where the host reaches the agent.
+    pub fn agent_addr(&self) -> SocketAddr {
+        self.addr(AGENT_PORT)
+    }
+}
+
+/// What the host sees of a sandbox, independent of what any server remembers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeState {
+    Running,
+    Frozen,
+}
+
+/// Resource usage of a whole sandbox.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stats {
+    /// Total CPU time used, in microseconds.
+    pub cpu_usage_usec: u64,
+    /// CPU use over the last sampling window, in percent of one core.
+    pub cpu_percent: f64,
+    pub memory_bytes: u64,
+    pub memory_limit_bytes: u64,
+    pub disk_used_bytes: u64,
+    pub disk_limit_bytes: u64,
+    pub pids: u64,
+}
+
+/// One process inside a sandbox, with PIDs as the sandbox sees them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessInfo {
+    pub pid: u32,
+    pub ppid: u32,
+    pub user: String,
+    pub command: String,
+    pub cpu_percent: f64,
+    pub rss_bytes: u64,
+    pub started_at: SystemTime,
+}
+
+/// What this host's runtime can do; the server reports it and picks fallbacks from it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Capabilities {
+    pub cgroup_version: u8,
+    /// CRIU works here: pause can write memory to disk, templates can start running, fork works.
+    pub checkpoint: bool,
+}
+
+/// Where a checkpoint lives and what it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckpointInfo {
+    /// Directory holding the CRIU images and the saved runtime layer.
+    pub dir: PathBuf,
+    pub size_bytes: u64,
+}
+
+/// Errors of the runtime, as the server sees them.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("sandbox {0} already exists")]
+    AlreadyExists(String),
+    #[error("not supported on this host: {0}")]
+    Unsupported(String),
+    #[error("{context}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+/// The interface the server calls. One implementation per kind of host (Linux namespaces here; a microVM
+/// one could sit behind it later).
+pub trait Runtime: Send + Sync {
+    fn capabilities(&self) -> Capabilities;
+    /// Start a fresh sandbox whose PID 1 is warren-agent; returns once the agent's port accepts connections.
+    fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError>;
+    /// Kill everything, unmount, remove the veth and the cgroup, delete the runtime layer.
+    fn destroy(&self, id: &str) -> Result<(), RuntimeError>;
+    /// In-memory pause (cgroup freezer).
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError>;
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError>;
+    fn stats(&self, id: &str) -> Result<Stats, RuntimeError>;
+    fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError>;
+    /// Send `signal` to process `pid` (as the sandbox numbers it).
+    fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError>;
+    /// Sandboxes that exist on this host, whether or not a server remembers them.
+    fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
+    /// Dump the process tree and the runtime layer into `dest`. With `leave_running` the sandbox keeps
+    /// running (fork, template); without, it is gone afterwards (pause).
+    fn checkpoint(
+        &self,
+        id: &str,
+        dest: &std::path::Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError>;
+    /// Restore a checkpoint into fresh namespaces as sandbox `spec.id` (resume, template start, fork).
+    fn restore(
+        &self,
+        checkpoint: &std::path::Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError>;
+}

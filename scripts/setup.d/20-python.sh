@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# A virtualenv with the official e2b SDK (pinned) for the SDK-driven tests.
+set -euo pipefail
+venv="$WARREN_REPO/.venv"
+req="$WARREN_REPO/tests/sdk/requirements.txt"
+stamp="$venv/.req-stamp"
+if [ ! -x "$venv/bin/python" ]; then python3 -m venv "$venv"; fi
+if [ ! -f "$stamp" ] || ! cmp -s "$req" "$stamp"; then
+    "$venv/bin/pip" install -q -r "$req"
+    cp "$req" "$stamp"
+fi
