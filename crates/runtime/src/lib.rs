@@ -39,9 +39,9 @@ pub struct NetworkSpec {
 pub struct SandboxSpec {
     /// Sandbox ID; also the hostname inside.
     pub id: String,
-    /// Read-only template layer (a directory holding a root filesystem), shared by every sandbox of the
-    /// template. Never written.
-    pub template_layer: PathBuf,
+    /// Read-only template layers (directories), top-most first, as overlayfs `lowerdir` orders them; the
+    /// last one is a whole root filesystem. Shared by every sandbox of the template; never written.
+    pub layers: Vec<PathBuf>,
     pub resources: Resources,
     pub network: NetworkSpec,
 }
@@ -163,6 +163,9 @@ pub trait Runtime: Send + Sync {
         dest: &std::path::Path,
         leave_running: bool,
     ) -> Result<CheckpointInfo, RuntimeError>;
+    /// Copy the sandbox's writable layer (overlay upper dir, whiteouts included) to `dest`, which then
+    /// serves as a read-only layer of new sandboxes (template builds).
+    fn commit_layer(&self, id: &str, dest: &std::path::Path) -> Result<u64, RuntimeError>;
     /// Restore a checkpoint into fresh namespaces as sandbox `spec.id` (resume, template start, fork).
     fn restore(
         &self,
