@@ -140,6 +140,19 @@ pub async fn start(
         pty: pty_master,
     });
     agent.processes.insert(handle.clone());
+    if let Some(timeout) = ctx.timeout {
+        // Like envd, the command's timeout bounds the process, not just this stream.
+        let doomed = handle.clone();
+        let mut ended = handle.ended.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                _ = tokio::time::sleep(timeout) => {
+                    let _ = doomed.signal(nix::sys::signal::Signal::SIGKILL);
+                }
+                _ = ended.wait_for(|e| e.is_some()) => {}
+            }
+        });
+    }
 
     // Supervisor: all output first, then the end event, then forget the process.
     let supervisor_agent = agent.clone();
