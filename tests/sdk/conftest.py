@@ -152,8 +152,10 @@ def sbx(shared_agent) -> Sandbox:
     return shared_agent.sandbox()
 
 
-def requires_root():
-    if not IS_ROOT:
-        print("SKIP: switching users needs the agent to run as root")
-        return False
-    return True
+def wait_until(predicate, what, attempts=200, pause=0.05):
+    """Polls `predicate` a bounded number of times (no timing is asserted)."""
+    for _ in range(attempts):
+        if predicate():
+            return
+        time.sleep(pause)
+    raise AssertionError(f"gave up waiting for {what}")

@@ -1,21 +1,11 @@
 """Commands through the official SDK against a host-mode agent."""
 
 import threading
-import time
-
 import pytest
 from e2b import CommandExitException, TimeoutException
 from e2b.exceptions import NotFoundException
 
-from conftest import IS_ROOT, USER_UID
-
-
-def wait_until(predicate, what, attempts=200, pause=0.05):
-    for _ in range(attempts):
-        if predicate():
-            return
-        time.sleep(pause)
-    raise AssertionError(f"gave up waiting for {what}")
+from conftest import IS_ROOT, USER_UID, wait_until
 
 
 def test_run_streams_stdout_and_stderr(sbx):

@@ -9,7 +9,7 @@ from e2b import FileType, FilesystemEventType
 from e2b.exceptions import FileNotFoundException, InvalidArgumentException, SandboxException
 
 from conftest import IS_ROOT, USER_UID
-from test_commands import wait_until
+from conftest import wait_until
 
 
 def test_write_read_bytes_text_and_streams(sbx, shared_agent):

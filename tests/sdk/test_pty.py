@@ -4,7 +4,7 @@ import threading
 
 from e2b import PtySize
 
-from test_commands import wait_until
+from conftest import wait_until
 
 
 class Screen:
