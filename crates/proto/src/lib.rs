@@ -1,1 +1,2 @@
-//! warren-proto
+//! warren-proto: wire types shared by Warren's crates.
+pub mod api;
