@@ -24,7 +24,8 @@ pub struct TestServer {
     pub api_key: String,
     pub api_url: String,
     pub sandbox_url: String,
-    state_dir: tempfile::TempDir,
+    /// Removed on drop.
+    pub state_dir: tempfile::TempDir,
 }
 
 /// Configuration for a test server: loopback, port 0 for both listeners, state in `state_dir`.

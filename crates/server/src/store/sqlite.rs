@@ -523,3 +523,187 @@ async fn insert_event(
         .await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
+        SandboxRecord {
+            id: id.to_string(),
+            template_id: "base".to_string(),
+            alias: None,
+            client_id: "warren".to_string(),
+            state: SandboxState::Creating,
+            state_reason: None,
+            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            env_vars: BTreeMap::new(),
+            vcpus: 1.0,
+            memory_mib: 256,
+            disk_mib: 512,
+            auto_pause: false,
+            auto_resume: false,
+            allow_internet: None,
+            envd_access_token: None,
+            ip: None,
+            init_pid: None,
+            pause_kind: None,
+            snapshot_dir: None,
+            started_at,
+            end_at: started_at + 1000,
+            updated_at: started_at,
+        }
+    }
+
+    async fn store() -> (SqliteStore, tempfile::TempDir) {
+        let dir = tempfile::Builder::new()
+            .prefix("wt-store-")
+            .tempdir()
+            .unwrap();
+        (SqliteStore::open_in(dir.path()).await.unwrap(), dir)
+    }
+
+    #[tokio::test]
+    async fn transitions_are_compare_and_set_and_leave_events() {
+        let (store, _dir) = store().await;
+        store.insert_sandbox(&sandbox("a", 1)).await.unwrap();
+        let update = TransitionUpdate {
+            ip: Some(Some(Ipv4Addr::new(10, 77, 0, 2))),
+            ..TransitionUpdate::default()
+        };
+        store
+            .transition_sandbox(
+                "a",
+                SandboxState::Creating,
+                SandboxState::Running,
+                &update,
+                5,
+            )
+            .await
+            .unwrap();
+        let stale = store
+            .transition_sandbox(
+                "a",
+                SandboxState::Creating,
+                SandboxState::Failed,
+                &TransitionUpdate::default(),
+                6,
+            )
+            .await;
+        assert!(matches!(
+            stale,
+            Err(StoreError::StateConflict {
+                actual: SandboxState::Running,
+                ..
+            })
+        ));
+        let missing = store
+            .transition_sandbox(
+                "b",
+                SandboxState::Creating,
+                SandboxState::Running,
+                &TransitionUpdate::default(),
+                6,
+            )
+            .await;
+        assert!(matches!(missing, Err(StoreError::NotFound { .. })));
+        let row = store.get_sandbox("a").await.unwrap().unwrap();
+        assert_eq!(row.state, SandboxState::Running);
+        assert_eq!(row.ip, Some(Ipv4Addr::new(10, 77, 0, 2)));
+        let events = store.sandbox_events("a").await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].from_state, None);
+        assert_eq!(events[1].from_state, Some(SandboxState::Creating));
+        assert_eq!(events[1].to_state, SandboxState::Running);
+    }
+
+    #[tokio::test]
+    async fn lists_filter_by_metadata_and_page() {
+        let (store, _dir) = store().await;
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            store
+                .insert_sandbox(&sandbox(id, i as Millis))
+                .await
+                .unwrap();
+        }
+        let filter = SandboxFilter {
+            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            limit: Some(2),
+            ..SandboxFilter::default()
+        };
+        let first: Vec<String> = store
+            .list_sandboxes(&filter)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(first, ["a", "b"]);
+        let next = SandboxFilter {
+            after: Some((1, "b".to_string())),
+            ..filter.clone()
+        };
+        let rest: Vec<String> = store
+            .list_sandboxes(&next)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(rest, ["c"]);
+        let none = SandboxFilter {
+            metadata: BTreeMap::from([("k".to_string(), "other".to_string())]),
+            ..SandboxFilter::default()
+        };
+        assert!(store.list_sandboxes(&none).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn keys_are_found_by_hash_until_revoked() {
+        let (store, _dir) = store().await;
+        let key = ApiKeyRecord {
+            id: "key_1".to_string(),
+            name: "ci".to_string(),
+            prefix: "e2b_abc".to_string(),
+            secret_hash: "hash".to_string(),
+            created_at: 1,
+            last_used_at: None,
+            revoked_at: None,
+        };
+        store.insert_api_key(&key).await.unwrap();
+        let used = store.use_api_key("hash", 7).await.unwrap().unwrap();
+        assert_eq!(used.last_used_at, Some(7));
+        assert_eq!(store.revoke_api_key("ci", 8).await.unwrap(), 1);
+        assert_eq!(store.use_api_key("hash", 9).await.unwrap(), None);
+        assert_eq!(store.revoke_api_key("ci", 10).await.unwrap(), 0);
+        assert_eq!(store.list_api_keys().await.unwrap()[0].revoked_at, Some(8));
+    }
+
+    #[tokio::test]
+    async fn templates_are_found_by_alias() {
+        let (store, _dir) = store().await;
+        let template = TemplateRecord {
+            id: "tpl1".to_string(),
+            aliases: vec!["python".to_string()],
+            layers: vec![PathBuf::from("/layers/a"), PathBuf::from("/rootfs")],
+            build_id: "b".to_string(),
+            status: "ready".to_string(),
+            vcpus: 1.0,
+            memory_mib: 1,
+            disk_mib: 1,
+            envd_version: "0".to_string(),
+            public: false,
+            spawn_count: 0,
+            last_spawned_at: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        store.upsert_template(&template).await.unwrap();
+        assert_eq!(
+            store.get_template("python").await.unwrap(),
+            Some(template.clone())
+        );
+        assert_eq!(store.get_template("tpl1").await.unwrap(), Some(template));
+        assert_eq!(store.get_template("nope").await.unwrap(), None);
+    }
+}
