@@ -11,10 +11,13 @@ use std::path::PathBuf;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter("warren_server=info").init();
+    tracing_subscriber::fmt()
+        .with_env_filter("warren_server=info")
+        .init();
     let runtime = fake_runtime::FakeRuntime::new(std::env::var_os("WT_FAKE_CHECKPOINT").is_some());
     let server =
-        warren_testkit::TestServer::start(runtime, PathBuf::from("/nonexistent/wt-rootfs"), |_| {}).await?;
+        warren_testkit::TestServer::start(runtime, PathBuf::from("/nonexistent/wt-rootfs"), |_| {})
+            .await?;
     for (name, value) in server.sdk_env() {
         println!("export {name}={value}");
     }
