@@ -10,7 +10,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod metrics;
 pub mod proxy;
-mod runtime_host;
+pub mod runtime_host;
 pub mod store;
 pub mod templates;
 
