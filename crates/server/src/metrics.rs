@@ -6,6 +6,7 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use crate::lifecycle::state::SandboxState;
@@ -32,6 +33,7 @@ pub struct Metrics {
     sandboxes: Family<StateLabels, Gauge>,
     admission_refused: Counter,
     proxy_requests: Family<ProxyLabels, Counter>,
+    start_seconds: Histogram,
 }
 
 impl Default for Metrics {
@@ -47,6 +49,7 @@ impl Metrics {
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let admission_refused = Counter::default();
         let proxy_requests = Family::<ProxyLabels, Counter>::default();
+        let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
         registry.register(
             "sandbox_transitions",
             "Sandbox state transitions",
@@ -73,15 +76,8 @@ impl Metrics {
             sandboxes,
             admission_refused,
             proxy_requests,
+            start_seconds,
         }
-    }
-
-    fn state_gauge(&self, state: SandboxState) -> Gauge {
-        self.sandboxes
-            .get_or_create(&StateLabels {
-                state: state.as_str().to_string(),
-            })
-            .clone()
     }
 
     pub fn transition(&self, from: SandboxState, to: SandboxState) {
@@ -91,14 +87,29 @@ impl Metrics {
                 to: to.as_str().to_string(),
             })
             .inc();
-        self.state_gauge(from).dec();
-        if !to.is_terminal() {
-            self.state_gauge(to).inc();
+    }
+
+    /// Set the per-state gauge from a count of the store's live sandboxes (done at scrape time, so it
+    /// is right after restarts too).
+    pub fn set_sandbox_counts(&self, states: impl IntoIterator<Item = SandboxState>) {
+        let mut counts = std::collections::HashMap::new();
+        for state in states {
+            *counts.entry(state).or_insert(0i64) += 1;
+        }
+        for state in SandboxState::ALL
+            .into_iter()
+            .filter(|state| !state.is_terminal())
+        {
+            self.sandboxes
+                .get_or_create(&StateLabels {
+                    state: state.as_str().to_string(),
+                })
+                .set(counts.get(&state).copied().unwrap_or(0));
         }
     }
 
-    pub fn transition_from_nothing(&self, to: SandboxState) {
-        self.state_gauge(to).inc();
+    pub fn sandbox_started(&self, seconds: f64) {
+        self.start_seconds.observe(seconds);
     }
 
     pub fn admission_refused(&self) {

@@ -510,3 +510,64 @@ async fn pause_checkpoints_and_resume_restores_when_the_runtime_can() {
     );
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn runtime_failures_are_a_plain_500_with_an_id() {
+    let h = Harness::start(false, |c| c.limits.max_sandboxes = 1).await;
+    h.runtime
+        .fail_create
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let failed = h
+        .api(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    assert_error(&failed, StatusCode::INTERNAL_SERVER_ERROR, "error id");
+    assert!(
+        !String::from_utf8_lossy(&failed.body).contains("secret detail"),
+        "details stay in the log"
+    );
+    assert_eq!(
+        h.api(Method::GET, "/v2/sandboxes", None).await.json(),
+        json!([])
+    );
+    let metrics = send(
+        Method::GET,
+        &format!("{}/metrics", h.server.api_url),
+        &[],
+        None,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        text.contains(r#"warren_sandbox_transitions_total{from="creating",to="failed"} 1"#),
+        "{text}"
+    );
+
+    // The failed sandbox holds no quota.
+    h.runtime
+        .fail_create
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let created = h.create(json!({"templateID": "base"})).await;
+    let metrics = send(
+        Method::GET,
+        &format!("{}/metrics", h.server.api_url),
+        &[],
+        None,
+    )
+    .await;
+    let text = String::from_utf8_lossy(&metrics.body).into_owned();
+    assert!(
+        text.contains(r#"warren_sandboxes{state="running"} 1"#),
+        "{text}"
+    );
+    h.api(
+        Method::DELETE,
+        &format!("/sandboxes/{}", created["sandboxID"].as_str().unwrap()),
+        None,
+    )
+    .await;
+    h.server.stop().await.unwrap();
+}

@@ -6,7 +6,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
 
+use super::error::ApiError;
 use super::AppState;
+use crate::store::SandboxFilter;
 
 /// The OpenAPI 3 description of this API.
 pub const OPENAPI_JSON: &str = include_str!("openapi.json");
@@ -32,12 +34,16 @@ async fn openapi() -> impl IntoResponse {
     ([(CONTENT_TYPE, "application/json")], OPENAPI_JSON)
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    (
+async fn metrics(State(state): State<AppState>) -> Result<impl IntoResponse, ApiError> {
+    let live = state.lifecycle.list(&SandboxFilter::default()).await?;
+    state
+        .metrics
+        .set_sandbox_counts(live.iter().map(|record| record.state));
+    Ok((
         [(
             CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
         state.metrics.encode(),
-    )
+    ))
 }

@@ -393,7 +393,7 @@ impl Lifecycle {
             }
             self.store.insert_sandbox(&record).await?;
         }
-        self.metrics.transition_from_nothing(SandboxState::Creating);
+        let admitted = std::time::Instant::now();
 
         let spec = self.spec_for(&record, &template);
         let started = self.on_runtime(move |runtime| runtime.create(&spec)).await;
@@ -428,6 +428,8 @@ impl Lifecycle {
             },
         )
         .await?;
+        self.metrics
+            .sandbox_started(admitted.elapsed().as_secs_f64());
         if let Err(error) = self
             .store
             .record_template_spawn(&template.id, now_millis())

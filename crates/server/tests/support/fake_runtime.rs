@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -44,6 +44,8 @@ pub struct FakeRuntime {
     checkpoint: bool,
     sandboxes: Mutex<HashMap<String, FakeSandbox>>,
     pub recorded: Arc<Mutex<Recorded>>,
+    /// Make `create` fail, as a broken host would.
+    pub fail_create: AtomicBool,
 }
 
 impl FakeRuntime {
@@ -53,6 +55,7 @@ impl FakeRuntime {
             checkpoint,
             sandboxes: Mutex::new(HashMap::new()),
             recorded: Arc::new(Mutex::new(Recorded::default())),
+            fail_create: AtomicBool::new(false),
         })
     }
 
@@ -237,6 +240,11 @@ impl Runtime for FakeRuntime {
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        if self.fail_create.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Other(
+                "wt injected failure: secret detail".to_string(),
+            ));
+        }
         if self.sandboxes.lock().unwrap().contains_key(&spec.id) {
             return Err(RuntimeError::AlreadyExists(spec.id.clone()));
         }
