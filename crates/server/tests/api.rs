@@ -412,7 +412,7 @@ async fn timeouts_kill_or_pause_at_expiry() {
             "sandbox - -> creating",
             "sandbox creating -> running",
             "sandbox running -> pausing: timeout",
-            "sandbox pausing -> paused: timeout",
+            "sandbox pausing -> paused: timeout (frozen in memory)",
             "sandbox paused -> resuming",
             "sandbox resuming -> running",
         ]

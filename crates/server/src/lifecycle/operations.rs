@@ -603,7 +603,7 @@ impl Lifecycle {
                         record,
                         SandboxState::Paused,
                         TransitionUpdate {
-                            reason,
+                            reason: reason.map(|reason| format!("{reason} (checkpointed to disk)")),
                             ip: Some(None),
                             init_pid: Some(None),
                             pause_kind: Some(Some(PauseKind::Checkpoint)),
@@ -628,7 +628,7 @@ impl Lifecycle {
                     record,
                     SandboxState::Paused,
                     TransitionUpdate {
-                        reason,
+                        reason: reason.map(|reason| format!("{reason} (frozen in memory)")),
                         pause_kind: Some(Some(PauseKind::Freeze)),
                         ..TransitionUpdate::default()
                     },
