@@ -17,20 +17,25 @@ use reqwest::StatusCode;
 use serde::Deserialize;
 
 use crate::api::{parse_base_url, ErrorKind};
-use crate::connect_frame::{self, FrameDecoder, FrameError};
-use crate::envd_types::filesystem::{
+use warren_proto::connect::{encode_envelope, EnvelopeDecoder, ProtocolError};
+use warren_proto::envd::filesystem::{
     EntryInfo, ListDirRequest, ListDirResponse, MakeDirRequest, MakeDirResponse,
 };
-use crate::envd_types::filesystem::{RemoveRequest, RemoveResponse};
-use crate::envd_types::process::{
+use warren_proto::envd::filesystem::{RemoveRequest, RemoveResponse};
+use warren_proto::envd::process::{
     process_event, process_input, process_selector, pty, CloseStdinRequest, CloseStdinResponse,
     ProcessConfig, ProcessEvent, ProcessInput, ProcessSelector, Pty, SendInputRequest,
     SendInputResponse, SendSignalRequest, SendSignalResponse, Signal, StartRequest, StartResponse,
     UpdateRequest, UpdateResponse,
 };
 
-/// envd's port inside every sandbox.
-pub const ENVD_PORT: u16 = 49983;
+pub use warren_proto::envd::ENVD_PORT;
+
+/// Largest single message accepted from envd: a broken or hostile peer must not make us allocate
+/// gigabytes.
+const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+/// What the sandbox proxy's 502 says when the sandbox does not exist (any more).
+const SANDBOX_NOT_FOUND_MESSAGE: &str = "was not found";
 /// How often we ask envd to send keep-alive events on streams (seconds), like the SDK.
 const KEEPALIVE_PING_SECS: u32 = 50;
 
@@ -51,7 +56,7 @@ pub enum EnvdError {
     #[error("connection to the sandbox broke")]
     Transport(#[source] reqwest::Error),
     #[error("bad Connect framing from envd")]
-    Framing(#[from] FrameError),
+    Framing(#[from] ProtocolError),
     #[error("undecodable message from envd")]
     Decode(#[from] prost::DecodeError),
     #[error("invalid sandbox URL")]
@@ -63,6 +68,12 @@ pub enum EnvdError {
 impl EnvdError {
     pub fn kind(&self) -> ErrorKind {
         match self {
+            // Like E2B's proxy, Warren's answers 502 "The sandbox <id> was not found" for a sandbox
+            // that is gone; the E2B SDK keys on the same words.
+            EnvdError::Http {
+                status: 502,
+                message,
+            } if message.contains(SANDBOX_NOT_FOUND_MESSAGE) => ErrorKind::NotFound,
             EnvdError::Http { status, .. } => match *status {
                 404 => ErrorKind::NotFound,
                 401 | 403 => ErrorKind::Unauthorized,
@@ -183,7 +194,7 @@ fn signal_number(status: &str) -> Option<i32> {
 /// The server-streamed events of a started process.
 pub struct ProcessStream {
     body: futures_util::stream::BoxStream<'static, reqwest::Result<Bytes>>,
-    decoder: FrameDecoder,
+    decoder: EnvelopeDecoder,
     finished: bool,
 }
 
@@ -195,14 +206,14 @@ impl ProcessStream {
                 return Ok(None);
             }
             if let Some(frame) = self.decoder.next_frame()? {
-                if frame.end_stream {
+                if frame.is_end_stream() {
                     self.finished = true;
                     return match parse_trailer(&frame.payload) {
                         Some(err) => Err(err),
                         None => Ok(None),
                     };
                 }
-                let response = StartResponse::decode(frame.payload)?;
+                let response = StartResponse::decode(frame.payload.as_slice())?;
                 if let Some(output) = response.event.and_then(output_of) {
                     return Ok(Some(output));
                 }
@@ -213,7 +224,12 @@ impl ProcessStream {
                 Some(Err(err)) => return Err(EnvdError::Transport(err)),
                 None => {
                     self.finished = true;
-                    self.decoder.finish()?;
+                    let left_over = self.decoder.pending_bytes();
+                    if left_over > 0 {
+                        return Err(EnvdError::Framing(ProtocolError::Envelope(format!(
+                            "stream ended inside a message ({left_over} bytes left over)"
+                        ))));
+                    }
                     return Err(EnvdError::Rpc {
                         code: "unavailable".into(),
                         message: "stream ended without an end-of-stream message".into(),
@@ -329,7 +345,7 @@ impl EnvdClient {
                 Some(spec.stdin)
             },
         };
-        let body = connect_frame::encode(0, &request.encode_to_vec());
+        let body = encode_envelope(0, &request.encode_to_vec());
         let response = self
             .http
             .post(self.url("process.Process/Start")?)
@@ -347,7 +363,7 @@ impl EnvdClient {
         let response = check_status(response).await?;
         Ok(ProcessStream {
             body: response.bytes_stream().boxed(),
-            decoder: FrameDecoder::default(),
+            decoder: EnvelopeDecoder::new(MAX_MESSAGE_BYTES),
             finished: false,
         })
     }
@@ -606,6 +622,12 @@ mod tests {
             matches!(&err, EnvdError::Http { status: 404, message } if message == "sandbox not found")
         );
         assert_eq!(err.kind(), ErrorKind::NotFound);
+
+        let err = error_from_answer(
+            StatusCode::BAD_GATEWAY,
+            br#"{"code":502,"message":"The sandbox abc was not found"}"#,
+        );
+        assert_eq!(err.kind(), ErrorKind::NotFound, "{err:?}");
 
         let err = error_from_answer(StatusCode::BAD_GATEWAY, b"<html>sandbox is paused</html>");
         assert_eq!(err.kind(), ErrorKind::Other);

@@ -2,10 +2,9 @@
 //! protocol a sandbox's agent speaks, reached through Warren's sandbox proxy ([`envd`]).
 
 pub mod api;
-mod connect_frame;
 pub mod envd;
-pub mod envd_types;
 pub mod types;
 
 pub use api::{ApiClient, ApiError, ErrorKind, ListQuery};
 pub use envd::{EnvdClient, EnvdError, ProcessEnd, ProcessOutput, ProcessSpec, ProcessStream};
+pub use warren_proto::envd::filesystem::EntryInfo;
