@@ -2,21 +2,27 @@
 # CRIU 4.1.1 (checkpoint/restore of sandboxes). Debian 12's criu 3.17 cannot start on newer kernels
 # ("vdso: Failed to fill self vdso symtable"), so build 4.1.1 from Debian 13's source tarball, fetched
 # through apt with a private config (the system's apt sources stay untouched), and install the binary as
-# /usr/local/sbin/criu. Cached: does nothing when that binary already reports 4.1.1.
+# /usr/local/sbin/criu, with the small patches in criu-patches/ (each says why). Cached: does nothing
+# when that binary reports 4.1.1 and the stamp next to it names the same patch set.
 set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
 version=4.1.1
 tarball=criu_${version}.orig.tar.xz
 tarball_sha256=f80a66cb3726bb2116266d4759ce3bcbfab7abdb6b6d430bf20dd41911717afe
 cache=${WARREN_CACHE:-/var/cache/warren}/criu
 dest=/usr/local/sbin/criu
+stamp=/usr/local/share/warren/criu.build
+patches=("$here"/criu-patches/*.patch)
+build_id="$version $(cat "${patches[@]}" | sha256sum | cut -d' ' -f1)"
 
-if [ -x "$dest" ] && "$dest" --version 2>/dev/null | grep -q "Version: $version\$"; then
+if [ -x "$dest" ] && "$dest" --version 2>/dev/null | grep -q "Version: $version\$" \
+    && [ "$(cat "$stamp" 2>/dev/null)" = "$build_id" ]; then
     exit 0
 fi
 
 deps=(libprotobuf-c-dev protobuf-c-compiler libprotobuf-dev protobuf-compiler libnl-3-dev libnet1-dev
       libcap-dev libbsd-dev libnftables-dev libgnutls28-dev uuid-dev pkgconf python3-protobuf
-      build-essential)
+      build-essential patch)
 missing=()
 for p in "${deps[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -52,9 +58,11 @@ fi
 rm -rf "criu-$version"
 tar -xf "$tarball"
 cd "criu-$version"
+for p in "${patches[@]}"; do patch -p1 --quiet < "$p"; done
 # Only the binary: the docs need asciidoc/xmlto, the libraries and python bindings are not used.
 make -j"$(nproc)" criu >"$cache/build.log" 2>&1 || { tail -n 40 "$cache/build.log"; exit 1; }
 install -D -m 0755 criu/criu "$dest.new"
 mv -f "$dest.new" "$dest"
+mkdir -p "$(dirname "$stamp")" && echo "$build_id" > "$stamp"
 cd "$cache/src" && rm -rf "criu-$version"
 "$dest" --version
