@@ -7,6 +7,8 @@
 //! Methods are synchronous: they are system calls and short waits. The server calls them from
 //! `tokio::task::spawn_blocking`.
 
+pub mod checkpoint;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::SystemTime;
