@@ -139,7 +139,9 @@ impl Criu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        run(command, "dump", args.log)
+        // The log lives in the checkpoint's temporary directory, which a failed dump removes: the
+        // error carries its Error lines instead of its path.
+        run(command, "dump", args.log, false)
     }
 
     /// Restores the images into fresh pid/mount/uts/ipc namespaces, in the given network namespace and
@@ -215,7 +217,7 @@ impl Criu {
                 Ok(())
             });
         }
-        run(command, "restore", args.log)?;
+        run(command, "restore", args.log, true)?;
         let text = std::fs::read_to_string(args.pidfile).map_err(|source| CheckpointError::Io {
             context: format!("read {}", args.pidfile.display()),
             source,
@@ -261,6 +263,7 @@ fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
     for option in [
         "--leave-running",
         "--tcp-established",
+        "--skip-in-flight",
         "--network-lock",
         "nftables",
         "--manage-cgroups=ignore",
@@ -301,7 +304,12 @@ fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
     out
 }
 
-fn run(mut command: Command, action: &'static str, log: &Path) -> Result<(), CheckpointError> {
+fn run(
+    mut command: Command,
+    action: &'static str,
+    log: &Path,
+    name_log: bool,
+) -> Result<(), CheckpointError> {
     let status = command.status().map_err(|source| CheckpointError::Io {
         context: format!("start criu {action}"),
         source,
@@ -311,12 +319,12 @@ fn run(mut command: Command, action: &'static str, log: &Path) -> Result<(), Che
     }
     Err(CheckpointError::Criu {
         action,
-        message: format!("{status}: {}", log_errors(log)),
+        message: format!("{status}: {}", log_errors(log, name_log)),
     })
 }
 
 /// The `Error` lines of a CRIU log, minus the ones every run prints on this host.
-pub fn log_errors(log: &Path) -> String {
+pub fn log_errors(log: &Path, name_log: bool) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text
         .lines()
@@ -324,11 +332,16 @@ pub fn log_errors(log: &Path) -> String {
         .filter(|l| !l.contains("RLIMIT_NOFILE"))
         .map(|l| l.split_once(") ").map_or(l, |(_, rest)| rest).trim())
         .collect();
-    if lines.is_empty() {
-        format!("see {}", log.display())
+    let tail = lines.len().saturating_sub(6);
+    let said = if lines.is_empty() {
+        "no error in the log".to_string()
     } else {
-        let tail = lines.len().saturating_sub(6);
-        format!("{} (log: {})", lines[tail..].join("; "), log.display())
+        lines[tail..].join("; ")
+    };
+    if name_log {
+        format!("{said} (log: {})", log.display())
+    } else {
+        said
     }
 }
 
@@ -383,7 +396,7 @@ mod tests {
             "(00.04) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.05) Error (criu/sk-inet.c:191): inet: Connected TCP socket\n",
         )
         .unwrap();
-        let said = log_errors(&log);
+        let said = log_errors(&log, true);
         assert!(
             said.starts_with("Error (criu/sk-inet.c:191): inet: Connected TCP socket"),
             "{said}"

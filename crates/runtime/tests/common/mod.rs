@@ -18,7 +18,7 @@ pub const BASE_ROOTFS: &str = "/var/cache/warren/rootfs/debian12-base";
 const BRIDGE: &str = "wt-ck0";
 const GATEWAY: &str = "10.78.0.1/16";
 /// Stands in for the agent binary: any host file works as the external bind mount's source.
-const AGENT_STAND_IN: &str = "/usr/bin/true";
+pub const AGENT_STAND_IN: &str = "/usr/bin/true";
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
@@ -109,6 +109,8 @@ pub struct TestSandbox {
     /// Bumped each time the sandbox gets a fresh upper (restores).
     generation: u32,
     upper: PathBuf,
+    /// Host file bind-mounted at /.warren/agent by restores.
+    pub agent: PathBuf,
 }
 
 impl TestSandbox {
@@ -126,6 +128,7 @@ impl TestSandbox {
             init_pid: 0,
             generation: 0,
             upper: PathBuf::from(format!("/tmp/wt-ck/{id}/upper0")),
+            agent: PathBuf::from(AGENT_STAND_IN),
         };
         let _ = std::fs::remove_dir_all(&sandbox.dir);
         std::fs::create_dir_all(sandbox.rootfs())?;
@@ -144,6 +147,8 @@ impl TestSandbox {
         Ok(sandbox)
     }
 
+    /// No default route: the sandbox reaches the bridge's subnet only (lookups fail at once instead of
+    /// timing out, and no test traffic can leave the host).
     fn wire_network(&self) -> Result<()> {
         if !Path::new("/sys/class/net").join(BRIDGE).exists() {
             sh(&format!("ip link add {BRIDGE} type bridge && ip addr add {GATEWAY} dev {BRIDGE} && ip link set {BRIDGE} up"))?;
@@ -152,8 +157,7 @@ impl TestSandbox {
         sh(&format!(
             "ip netns del {ns} 2>/dev/null; ip link del {veth} 2>/dev/null; ip netns add {ns} && \
              ip link add {veth} type veth peer name eth0 netns {ns} && ip link set {veth} master {BRIDGE} up && \
-             ip -n {ns} addr add {ip}/16 dev eth0 && ip -n {ns} link set eth0 up && ip -n {ns} link set lo up && \
-             ip -n {ns} route add default via 10.78.0.1"
+             ip -n {ns} addr add {ip}/16 dev eth0 && ip -n {ns} link set eth0 up && ip -n {ns} link set lo up"
         ))
     }
 
@@ -266,6 +270,24 @@ impl TestSandbox {
         }
     }
 
+    /// Host PIDs in the sandbox's cgroups.
+    pub fn procs(&self) -> Vec<u32> {
+        let mut pids: Vec<u32> = self
+            .procs_files()
+            .iter()
+            .flat_map(|f| {
+                std::fs::read_to_string(f)
+                    .unwrap_or_default()
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
     /// Kills every process (pause leaves a frozen tree behind for the caller to remove).
     pub fn kill_all(&mut self) {
         let freezer = self.freezer();
@@ -329,7 +351,7 @@ impl TestSandbox {
             rootfs: &rootfs,
             upper: &upper,
             overlay_options: &options,
-            agent_binary: Path::new(AGENT_STAND_IN),
+            agent_binary: &self.agent,
             netns_pin: &netns,
             cgroup_procs: &procs,
             work_dir: &work,
@@ -404,3 +426,45 @@ pub fn wait_for<T>(what: &str, mut probe: impl FnMut() -> Option<T>) -> Result<T
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A Python process holding a list, with every kind of state CRIU must carry: a loopback TCP connection
+/// inside the process, a pipe with bytes in flight, a PTY with `cat` on the other end, an interval
+/// timer. It answers `append X` / `get` lines on port 7000 with JSON that exercises all of them.
+pub const HOLDER_PY: &str = r#"
+import json, os, pty, signal, socket, time
+data = [1, 2, 3]
+ticks = 0
+def on_tick(*_):
+    global ticks
+    ticks += 1
+signal.signal(signal.SIGALRM, on_tick)
+signal.setitimer(signal.ITIMER_REAL, 0.05, 0.05)
+listener = socket.socket(); listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+listener.bind(("127.0.0.1", 9000)); listener.listen()
+client = socket.create_connection(("127.0.0.1", 9000)); server, _ = listener.accept()
+pipe_r, pipe_w = os.pipe(); os.write(pipe_w, b"in-flight")
+child, master = pty.fork()
+if child == 0:
+    os.execvp("cat", ["cat"])
+control = socket.socket(); control.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+control.bind(("0.0.0.0", 7000)); control.listen()
+while True:
+    try:
+        conn, _ = control.accept()
+    except InterruptedError:
+        continue
+    with conn:
+        line = conn.makefile().readline().strip()
+        if not line:
+            continue
+        cmd, _, arg = line.partition(" ")
+        if cmd == "append":
+            data.append(arg)
+        client.sendall(b"ping"); tcp = server.recv(4).decode()
+        os.write(pipe_w, b"x"); piped = os.read(pipe_r, 64).decode()
+        os.write(master, b"hello\n"); echoed = b""
+        while echoed.count(b"hello\r\n") < 2 and len(echoed) < 100:
+            echoed += os.read(master, 100)
+        reply = {"data": data, "ticks": ticks, "tcp": tcp, "pipe": piped, "pty": echoed.decode(errors="replace")}
+        conn.sendall((json.dumps(reply) + "\n").encode())
+"#;
