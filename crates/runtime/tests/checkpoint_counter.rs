@@ -2,12 +2,12 @@
 //! exactly what it held at the dump and the counter goes on from its value (the file stays a run of
 //! consecutive integers). Real CRIU, real processes.
 
-mod common;
+mod checkpoint_support;
 
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{wait_for, TestSandbox};
+use checkpoint_support::{wait_for, TestSandbox};
 
 const COUNTER: &str = "i=0; while :; do i=$((i+1)); echo $i >> /counter; sleep 0.01; done";
 
@@ -36,8 +36,8 @@ fn median(mut values: Vec<Duration>) -> Duration {
 
 #[test]
 fn counter_continues_across_pause_resume_cycles() -> Result<()> {
-    let _serial = common::serial();
-    let Some(checkpointer) = common::prerequisites() else {
+    let _serial = checkpoint_support::serial();
+    let Some(checkpointer) = checkpoint_support::prerequisites() else {
         return Ok(());
     };
     let mut sandbox = TestSandbox::prepare("cnt", 20)?;

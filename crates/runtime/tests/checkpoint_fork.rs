@@ -3,10 +3,10 @@
 //! also holds a loopback TCP connection, a pipe, a PTY and an interval timer, which must all work in
 //! every copy.
 
-mod common;
+mod checkpoint_support;
 
 use anyhow::{ensure, Context, Result};
-use common::{TestSandbox, HOLDER_PY};
+use checkpoint_support::{TestSandbox, HOLDER_PY};
 use serde_json::Value;
 
 fn ask(sandbox: &TestSandbox, line: &str) -> Result<Value> {
@@ -45,8 +45,8 @@ fn check_resources(answer: &Value, who: &str) -> Result<()> {
 
 #[test]
 fn five_forks_of_a_python_list_diverge() -> Result<()> {
-    let _serial = common::serial();
-    let Some(checkpointer) = common::prerequisites() else {
+    let _serial = checkpoint_support::serial();
+    let Some(checkpointer) = checkpoint_support::prerequisites() else {
         return Ok(());
     };
     let mut original = TestSandbox::prepare("fork-orig", 30)?;

@@ -3,14 +3,14 @@
 //! no checkpoint behind; a failed restore (corrupt checkpoint, or CRIU failing) leaves the checkpoint
 //! intact for a later restore that works.
 
-mod common;
+mod checkpoint_support;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use common::{wait_for, TestSandbox};
+use checkpoint_support::{wait_for, TestSandbox};
 use warren_runtime::checkpoint::{CheckpointError, DumpTarget};
 
 fn http_get(sandbox: &TestSandbox, path: &str) -> Result<String> {
@@ -39,8 +39,8 @@ fn count(sandbox: &TestSandbox) -> Result<u64> {
 
 #[test]
 fn http_server_keeps_serving_after_resume() -> Result<()> {
-    let _serial = common::serial();
-    let Some(checkpointer) = common::prerequisites() else {
+    let _serial = checkpoint_support::serial();
+    let Some(checkpointer) = checkpoint_support::prerequisites() else {
         return Ok(());
     };
     let mut sandbox = TestSandbox::prepare("web", 40)?;
@@ -67,8 +67,8 @@ fn http_server_keeps_serving_after_resume() -> Result<()> {
 
 #[test]
 fn failed_dump_leaves_the_sandbox_running() -> Result<()> {
-    let _serial = common::serial();
-    let Some(checkpointer) = common::prerequisites() else {
+    let _serial = checkpoint_support::serial();
+    let Some(checkpointer) = checkpoint_support::prerequisites() else {
         return Ok(());
     };
     let mut sandbox = TestSandbox::prepare("dumpfail", 41)?;
@@ -142,8 +142,8 @@ fn failed_dump_leaves_the_sandbox_running() -> Result<()> {
 
 #[test]
 fn failed_restore_leaves_the_checkpoint_intact() -> Result<()> {
-    let _serial = common::serial();
-    let Some(checkpointer) = common::prerequisites() else {
+    let _serial = checkpoint_support::serial();
+    let Some(checkpointer) = checkpoint_support::prerequisites() else {
         return Ok(());
     };
     let mut sandbox = TestSandbox::prepare("restfail", 42)?;
@@ -199,7 +199,7 @@ fn failed_restore_leaves_the_checkpoint_intact() -> Result<()> {
 
     // And it still restores.
     sandbox.reset_for_restore()?;
-    sandbox.agent = common::AGENT_STAND_IN.into();
+    sandbox.agent = checkpoint_support::AGENT_STAND_IN.into();
     sandbox
         .restore(&checkpointer, &checkpoint)
         .context("restore after the failures")?;
