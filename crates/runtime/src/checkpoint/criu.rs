@@ -121,6 +121,16 @@ impl Criu {
         })
     }
 
+    /// A binary the runtime probed earlier (the supervisor restoring a sandbox does not re-run the
+    /// 150 ms `criu check`).
+    pub fn probed(binary: PathBuf, version: String) -> Self {
+        Self { binary, version }
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
     pub fn version(&self) -> &str {
         &self.version
     }
@@ -139,9 +149,7 @@ impl Criu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
-        // The log lives in the checkpoint's temporary directory, which a failed dump removes: the
-        // error carries its Error lines instead of its path.
-        run(command, "dump", args.log, false)
+        run(command, "dump", args.log)
     }
 
     /// Restores the images into fresh pid/mount/uts/ipc namespaces, in the given network namespace and
@@ -217,7 +225,7 @@ impl Criu {
                 Ok(())
             });
         }
-        run(command, "restore", args.log, true)?;
+        run(command, "restore", args.log)?;
         let text = std::fs::read_to_string(args.pidfile).map_err(|source| CheckpointError::Io {
             context: format!("read {}", args.pidfile.display()),
             source,
@@ -304,12 +312,9 @@ fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
     out
 }
 
-fn run(
-    mut command: Command,
-    action: &'static str,
-    log: &Path,
-    name_log: bool,
-) -> Result<(), CheckpointError> {
+/// Runs CRIU; a failure carries the Error lines of its log (the log itself usually goes away with the
+/// failed attempt's temporary directory or sandbox).
+fn run(mut command: Command, action: &'static str, log: &Path) -> Result<(), CheckpointError> {
     let status = command.status().map_err(|source| CheckpointError::Io {
         context: format!("start criu {action}"),
         source,
@@ -319,12 +324,12 @@ fn run(
     }
     Err(CheckpointError::Criu {
         action,
-        message: format!("{status}: {}", log_errors(log, name_log)),
+        message: format!("{status}: {}", log_errors(log)),
     })
 }
 
 /// The `Error` lines of a CRIU log, minus the ones every run prints on this host.
-pub fn log_errors(log: &Path, name_log: bool) -> String {
+pub fn log_errors(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text
         .lines()
@@ -333,15 +338,10 @@ pub fn log_errors(log: &Path, name_log: bool) -> String {
         .map(|l| l.split_once(") ").map_or(l, |(_, rest)| rest).trim())
         .collect();
     let tail = lines.len().saturating_sub(6);
-    let said = if lines.is_empty() {
+    if lines.is_empty() {
         "no error in the log".to_string()
     } else {
         lines[tail..].join("; ")
-    };
-    if name_log {
-        format!("{said} (log: {})", log.display())
-    } else {
-        said
     }
 }
 
@@ -396,7 +396,7 @@ mod tests {
             "(00.04) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.05) Error (criu/sk-inet.c:191): inet: Connected TCP socket\n",
         )
         .unwrap();
-        let said = log_errors(&log, true);
+        let said = log_errors(&log);
         assert!(
             said.starts_with("Error (criu/sk-inet.c:191): inet: Connected TCP socket"),
             "{said}"

@@ -3,7 +3,7 @@
 //! directory with a manifest is complete.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +21,8 @@ pub struct Manifest {
     pub ip: Ipv4Addr,
     pub criu_version: String,
     pub created_at_unix: u64,
+    /// Read-only layers under the writable one when dumped, top-most first.
+    pub layers: Vec<PathBuf>,
     /// CRIU image files, under `images/`.
     pub images: Vec<StoredFile>,
     /// The writable layer as a zstd-compressed tar.
@@ -121,6 +123,7 @@ mod tests {
             ip: Ipv4Addr::new(10, 77, 0, 2),
             criu_version: "4.1.1".into(),
             created_at_unix: 1,
+            layers: vec![PathBuf::from("/var/cache/warren/rootfs/debian12-base")],
             images: vec![file("images/pages-1.img.zst", "pages-1.img")],
             layer: file("layer.tar.zst", "layer.tar"),
         }

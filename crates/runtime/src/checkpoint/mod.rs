@@ -63,6 +63,8 @@ pub struct DumpTarget<'a> {
     pub freezer: FreezerCgroup,
     /// The overlay upper dir (the writable layer).
     pub upper: &'a Path,
+    /// The read-only layers below it, top-most first; a restore must use the same ones.
+    pub layers: &'a [PathBuf],
 }
 
 /// A new sandbox whose resources exist but whose processes do not yet.
@@ -72,8 +74,7 @@ pub struct RestoreTarget<'a> {
     pub ip: Ipv4Addr,
     /// Empty directory the overlay is mounted on, inside CRIU's private mount namespace.
     pub rootfs: &'a Path,
-    /// Empty upper dir named by `overlay_options`; receives the checkpoint's layer.
-    pub upper: &'a Path,
+    /// Mounts the overlay whose upper dir holds the checkpoint's layer (see [`prepare_layer`]).
     pub overlay_options: &'a str,
     pub agent_binary: &'a Path,
     /// Pin file of the new network namespace, already wired (veth, address, routes).
@@ -126,6 +127,11 @@ impl Checkpointer {
 
     pub fn with_criu(criu: Criu) -> Self {
         Self { criu: Ok(criu) }
+    }
+
+    /// The CRIU found at start-up, if any.
+    pub fn criu_found(&self) -> Option<&Criu> {
+        self.criu.as_ref().ok()
     }
 
     pub fn available(&self) -> bool {
@@ -196,6 +202,7 @@ impl Checkpointer {
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0),
+                layers: target.layers.to_vec(),
                 images,
                 layer,
             };
@@ -238,24 +245,35 @@ impl Checkpointer {
         Ok(dumped)
     }
 
-    /// Restores `checkpoint` into the prepared `target`. The checkpoint is only read.
+    /// Restores `checkpoint` into the prepared `target` whose empty upper dir is `upper`:
+    /// [`prepare_layer`] then [`Checkpointer::restore_processes`]. The checkpoint is only read.
     pub fn restore(
         &self,
         checkpoint: &Path,
+        upper: &Path,
+        target: &RestoreTarget<'_>,
+    ) -> Result<Restored, CheckpointError> {
+        let started = Instant::now();
+        let manifest = prepare_layer(checkpoint, upper)?;
+        let mut restored = self.restore_processes(checkpoint, &manifest, target)?;
+        restored.total = started.elapsed();
+        Ok(restored)
+    }
+
+    /// Restores the process tree of `checkpoint` (whose layer is already unpacked): verifies
+    /// and unpacks the images, keeps the old address usable if the sandbox has a new one, runs CRIU.
+    /// The restored init is reparented to the caller's nearest child subreaper when CRIU exits.
+    pub fn restore_processes(
+        &self,
+        checkpoint: &Path,
+        manifest: &Manifest,
         target: &RestoreTarget<'_>,
     ) -> Result<Restored, CheckpointError> {
         let criu = self.criu()?;
         let started = Instant::now();
-        let manifest = Manifest::read(checkpoint)?;
         let images = target.work_dir.join(store::IMAGES_DIR);
-        if images.exists() {
-            std::fs::remove_dir_all(&images).map_err(|source| CheckpointError::Io {
-                context: format!("clear {}", images.display()),
-                source,
-            })?;
-        }
+        remove_if_present(&images)?;
         store::unpack_images(checkpoint, &manifest.images, &images)?;
-        store::extract_layer(checkpoint, &manifest.layer, target.upper)?;
         if manifest.ip != target.ip {
             address_move::keep_old_address(target.netns_pin, manifest.ip)?;
         }
@@ -266,16 +284,7 @@ impl Checkpointer {
             })?
             .into();
         let pidfile = target.work_dir.join("restore.pid");
-        match std::fs::remove_file(&pidfile) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(CheckpointError::Io {
-                    context: format!("remove {}", pidfile.display()),
-                    source,
-                })
-            }
-        }
+        remove_if_present(&pidfile)?;
         let criu_started = Instant::now();
         let restored = criu.restore(&criu::RestoreArgs {
             images: &images,
@@ -293,10 +302,53 @@ impl Checkpointer {
         let init_pid = restored?;
         Ok(Restored {
             init_pid,
-            manifest,
+            manifest: manifest.clone(),
             criu: criu_time,
             total: started.elapsed(),
         })
+    }
+}
+
+/// Reads and checks the manifest of `checkpoint` and unpacks its writable layer into the empty dir
+/// `upper` (checksum verified first).
+pub fn prepare_layer(checkpoint: &Path, upper: &Path) -> Result<Manifest, CheckpointError> {
+    let manifest = Manifest::read(checkpoint)?;
+    store::extract_layer(checkpoint, &manifest.layer, upper)?;
+    Ok(manifest)
+}
+
+/// Sets the hostname in the UTS namespace of `pid` (a fork restored under a new sandbox ID).
+pub fn set_hostname(pid: u32, hostname: &str) -> Result<(), CheckpointError> {
+    let output = std::process::Command::new("nsenter")
+        .args(["--target", &pid.to_string(), "--uts", "hostname", hostname])
+        .output()
+        .map_err(|source| CheckpointError::Io {
+            context: "start nsenter hostname".into(),
+            source,
+        })?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(CheckpointError::Invalid(format!(
+            "set hostname of pid {pid}: {}",
+            String::from_utf8_lossy(&output.stderr).trim()
+        )))
+    }
+}
+
+fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {
+    let result = if path.is_dir() {
+        std::fs::remove_dir_all(path)
+    } else {
+        std::fs::remove_file(path)
+    };
+    match result {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(CheckpointError::Io {
+            context: format!("remove {}", path.display()),
+            source,
+        }),
     }
 }
 

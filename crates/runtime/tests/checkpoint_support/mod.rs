@@ -111,6 +111,7 @@ pub struct TestSandbox {
     upper: PathBuf,
     /// Host file bind-mounted at /.warren/agent by restores.
     pub agent: PathBuf,
+    layers: Vec<PathBuf>,
 }
 
 impl TestSandbox {
@@ -129,6 +130,7 @@ impl TestSandbox {
             generation: 0,
             upper: PathBuf::from(format!("/tmp/wt-ck/{id}/upper0")),
             agent: PathBuf::from(AGENT_STAND_IN),
+            layers: vec![PathBuf::from(BASE_ROOTFS)],
         };
         let _ = std::fs::remove_dir_all(&sandbox.dir);
         std::fs::create_dir_all(sandbox.rootfs())?;
@@ -267,6 +269,7 @@ impl TestSandbox {
             init_pid: self.init_pid,
             freezer: self.freezer(),
             upper: &self.upper,
+            layers: &self.layers,
         }
     }
 
@@ -349,14 +352,13 @@ impl TestSandbox {
         let target = RestoreTarget {
             ip: self.ip,
             rootfs: &rootfs,
-            upper: &upper,
             overlay_options: &options,
             agent_binary: &self.agent,
             netns_pin: &netns,
             cgroup_procs: &procs,
             work_dir: &work,
         };
-        let restored = checkpointer.restore(checkpoint, &target)?;
+        let restored = checkpointer.restore(checkpoint, &upper, &target)?;
         self.init_pid = restored.init_pid;
         Ok(restored)
     }
