@@ -258,6 +258,9 @@ impl LinuxRuntime {
             allow_internet: spec.network.allow_internet,
         };
         record.write(dir).map_err(other)?;
+        if restore.is_some() {
+            forget_neighbour(&self.config.bridge, ip);
+        }
         self.wait_for_agent(&record, &disk)?;
         Ok(self.sandbox_of(&record))
     }
@@ -452,6 +455,16 @@ fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
         )));
     }
     Ok(())
+}
+
+/// Drops the host's ARP entry for `ip`: a sandbox resumed at its old address has a new veth (a new
+/// MAC), and a stale entry black-holes the first packets until the kernel re-probes (about 5 s).
+fn forget_neighbour(bridge: &str, ip: Ipv4Addr) {
+    let _ = std::process::Command::new("ip")
+        .args(["neigh", "del", &ip.to_string(), "dev", bridge])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 /// Deletes a host link through netlink, on a thread of its own (the caller may be inside a tokio runtime).

@@ -206,7 +206,7 @@ impl Checkpointer {
                 images,
                 layer,
             };
-            write_synced(
+            write_file(
                 &atomic.path().join(manifest::MANIFEST_FILE),
                 &manifest.to_json()?,
             )?;
@@ -352,16 +352,15 @@ fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {
     }
 }
 
-fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+fn write_file(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     use std::io::Write;
     let mut file = std::fs::File::create(path).map_err(|source| CheckpointError::Io {
         context: format!("create {}", path.display()),
         source,
     })?;
-    file.write_all(bytes)
-        .and_then(|()| file.sync_all())
-        .map_err(|source| CheckpointError::Io {
-            context: format!("write {}", path.display()),
-            source,
-        })
+    // Durable with the rest of the checkpoint by AtomicDir::commit's syncfs.
+    file.write_all(bytes).map_err(|source| CheckpointError::Io {
+        context: format!("write {}", path.display()),
+        source,
+    })
 }

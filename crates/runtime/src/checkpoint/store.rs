@@ -1,5 +1,5 @@
 //! The files of a checkpoint directory: written into a temporary sibling and renamed into place
-//! (every file and both directories fsynced), image files zstd-compressed where it pays, the writable
+//! (the filesystem synced, the directories fsynced), image files zstd-compressed where it pays, the writable
 //! layer as a zstd tar, every stored file checksummed (SHA-256) and verified before it is used.
 //!
 //! Layout: `manifest.json`, `images/` (CRIU's image files, large ones as `<name>.zst`),
@@ -21,6 +21,8 @@ pub const LAYER_FILE: &str = "layer.tar.zst";
 const COMPRESS_FROM_BYTES: u64 = 256 * 1024;
 /// ... and kept compressed only when that saves at least a tenth.
 const KEEP_COMPRESSED_RATIO: f64 = 0.9;
+/// How much of a large image is test-compressed to decide.
+const SAMPLE_BYTES: usize = 1 << 20;
 /// Level 1: memory pages compress 3-5x at several hundred MB/s; higher levels cost pause time.
 const ZSTD_LEVEL: i32 = 1;
 
@@ -70,8 +72,16 @@ impl AtomicDir {
         &self.tmp
     }
 
-    /// fsyncs the tree's directories, renames it into place and fsyncs the parent.
+    /// Makes the tree durable (one `syncfs` of its filesystem instead of an fsync per file: a
+    /// checkpoint has dozens of small image files), renames it into place and fsyncs the parent.
     pub fn commit(mut self) -> Result<PathBuf, CheckpointError> {
+        let dir = File::open(&self.tmp).map_err(io_err(format!("open {}", self.tmp.display())))?;
+        // SAFETY: syncfs on an fd we own; it only flushes the filesystem holding it.
+        if unsafe { libc::syncfs(std::os::fd::AsRawFd::as_raw_fd(&dir)) } != 0 {
+            return Err(io_err(format!("syncfs {}", self.tmp.display()))(
+                std::io::Error::last_os_error(),
+            ));
+        }
         fsync_dir(&self.tmp.join(IMAGES_DIR))?;
         fsync_dir(&self.tmp)?;
         std::fs::rename(&self.tmp, &self.dest)
@@ -190,7 +200,7 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
         let raw_bytes = std::fs::metadata(&raw_path)
             .map_err(io_err(format!("stat {}", raw_path.display())))?
             .len();
-        if raw_bytes >= COMPRESS_FROM_BYTES {
+        if raw_bytes >= COMPRESS_FROM_BYTES && sample_compresses(&raw_path)? {
             let zst_path = dir.join(format!("{name}.zst"));
             let (sha256, stored_bytes) = compress_file(&raw_path, &zst_path)?;
             if (stored_bytes as f64) < raw_bytes as f64 * KEEP_COMPRESSED_RATIO {
@@ -209,9 +219,6 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
             std::fs::remove_file(&zst_path)
                 .map_err(io_err(format!("remove {}", zst_path.display())))?;
         }
-        File::open(&raw_path)
-            .and_then(|f| f.sync_all())
-            .map_err(io_err(format!("fsync {}", raw_path.display())))?;
         let (sha256, stored_bytes) = hash_file(&raw_path)?;
         stored.push(StoredFile {
             path: format!("{IMAGES_DIR}/{name}"),
@@ -225,6 +232,17 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
     Ok(stored)
 }
 
+/// Whether the first MiB of `path` shrinks enough under zstd to be worth compressing the whole file
+/// (random or already-compressed memory does not; compressing it anyway would only cost pause time).
+fn sample_compresses(path: &Path) -> Result<bool, CheckpointError> {
+    let mut sample = Vec::with_capacity(SAMPLE_BYTES);
+    File::open(path)
+        .and_then(|f| f.take(SAMPLE_BYTES as u64).read_to_end(&mut sample))
+        .map_err(io_err(format!("read {}", path.display())))?;
+    let compressed = zstd::bulk::compress(&sample, ZSTD_LEVEL).map_err(io_err("zstd sample"))?;
+    Ok((compressed.len() as f64) < sample.len() as f64 * KEEP_COMPRESSED_RATIO)
+}
+
 fn compress_file(from: &Path, to: &Path) -> Result<(String, u64), CheckpointError> {
     let input = File::open(from).map_err(io_err(format!("open {}", from.display())))?;
     let output = File::create(to).map_err(io_err(format!("create {}", to.display())))?;
@@ -236,11 +254,9 @@ fn compress_file(from: &Path, to: &Path) -> Result<(String, u64), CheckpointErro
         .finish()
         .map_err(io_err(format!("compress {}", from.display())))?;
     let (writer, sha256, bytes) = hashing.finish();
-    let file = writer
+    writer
         .into_inner()
         .map_err(|e| io_err(format!("write {}", to.display()))(e.into_error()))?;
-    file.sync_all()
-        .map_err(io_err(format!("fsync {}", to.display())))?;
     Ok((sha256, bytes))
 }
 
@@ -287,11 +303,9 @@ pub fn archive_layer(upper: &Path, checkpoint: &Path) -> Result<StoredFile, Chec
         .finish()
         .map_err(io_err(format!("write {}", path.display())))?;
     let (writer, sha256, stored_bytes) = hashing.finish();
-    let file = writer
+    writer
         .into_inner()
         .map_err(|e| io_err(format!("write {}", path.display()))(e.into_error()))?;
-    file.sync_all()
-        .map_err(io_err(format!("fsync {}", path.display())))?;
     Ok(StoredFile {
         path: LAYER_FILE.into(),
         name: "layer.tar".into(),
@@ -449,6 +463,32 @@ mod tests {
         .unwrap();
         let err = unpack_images(&ckpt, &files, &root.join("scratch2")).unwrap_err();
         assert!(matches!(err, CheckpointError::Corrupt(_)), "{err}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn incompressible_images_are_stored_raw() {
+        let root = temp("random");
+        let images = root.join(IMAGES_DIR);
+        std::fs::create_dir_all(&images).unwrap();
+        // xorshift noise: zstd cannot shrink it.
+        let mut state = 0x9e3779b97f4a7c15u64;
+        let noise: Vec<u8> = (0..(2 << 20))
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state as u8
+            })
+            .collect();
+        std::fs::write(images.join("pages-1.img"), &noise).unwrap();
+        let files = pack_images(&root).unwrap();
+        assert!(
+            !files[0].zstd && files[0].stored_bytes == 2 << 20,
+            "{:?}",
+            files[0]
+        );
+        assert!(!images.join("pages-1.img.zst").exists());
         std::fs::remove_dir_all(&root).unwrap();
     }
 
