@@ -12,4 +12,6 @@ pub mod dockerfile_plan;
 pub mod dockerignore;
 pub mod e2b_toml;
 pub mod plan;
+pub mod sdk_template;
+pub mod uploads;
 pub mod words;
