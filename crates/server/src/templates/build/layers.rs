@@ -63,9 +63,16 @@ pub struct PendingLayer {
 }
 
 impl PendingLayer {
-    /// Where the layer's files go.
+    /// Where the layer's files go. Absent until [`PendingLayer::create_fs_dir`] or until the runtime's
+    /// `commit_layer` (which wants a path that does not exist yet) writes it.
     pub fn fs_dir(&self) -> PathBuf {
         self.dir.join("fs")
+    }
+
+    pub fn create_fs_dir(&self) -> Result<PathBuf, LayerError> {
+        let fs_dir = self.fs_dir();
+        fs::create_dir_all(&fs_dir).map_err(io_err(format!("creating {}", fs_dir.display())))?;
+        Ok(fs_dir)
     }
 }
 
@@ -132,6 +139,7 @@ impl LayerStore {
     /// Records the layer and renames it into place. If another build finished the same key first, its
     /// layer wins and this one is discarded (same key, same content).
     pub fn commit(&self, pending: PendingLayer, title: &str) -> Result<LayerInfo, LayerError> {
+        pending.create_fs_dir()?;
         let size_bytes = tree_size(&pending.fs_dir())?;
         let empty = is_empty_dir(&pending.fs_dir())?;
         let info = LayerInfo {
@@ -665,7 +673,7 @@ mod tests {
         let store = LayerStore::new(state.path());
         assert_eq!(store.lookup("k1").unwrap(), None);
         let pending = store.begin("k1").unwrap();
-        fs::write(pending.fs_dir().join("f"), "data").unwrap();
+        fs::write(pending.create_fs_dir().unwrap().join("f"), "data").unwrap();
         let info = store.commit(pending, "RUN x").unwrap();
         assert!(!info.empty);
         assert_eq!(store.lookup("k1").unwrap().unwrap().title, "RUN x");

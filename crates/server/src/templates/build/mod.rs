@@ -5,6 +5,7 @@
 //! Pure parts (`words`, `dockerfile`, `e2b_toml`, `dockerignore`, `base_image`, `context`, `plan`,
 //! `dockerfile_plan`, `sdk_template`) have no side effects beyond reading the build context.
 
+pub mod agent_commands;
 pub mod base_image;
 pub mod context;
 pub mod dockerfile;
