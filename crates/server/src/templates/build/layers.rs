@@ -128,8 +128,7 @@ impl LayerStore {
             unique_suffix()
         ));
         let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(dir.join("fs"))
-            .map_err(io_err(format!("creating {}", dir.display())))?;
+        fs::create_dir_all(&dir).map_err(io_err(format!("creating {}", dir.display())))?;
         Ok(PendingLayer {
             key: key.to_string(),
             dir,

@@ -15,6 +15,8 @@ pub mod e2b_toml;
 pub mod job;
 pub mod layers;
 pub mod plan;
+pub mod runner;
 pub mod sdk_template;
 pub mod uploads;
+pub mod versions;
 pub mod words;
