@@ -17,6 +17,7 @@ pub mod layers;
 pub mod plan;
 pub mod runner;
 pub mod sdk_template;
+pub mod service;
 pub mod uploads;
 pub mod versions;
 pub mod words;
