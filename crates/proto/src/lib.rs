@@ -1,1 +1,3 @@
-//! warren-proto
+//! warren-proto: wire types shared by Warren's crates.
+pub mod connect;
+pub mod envd;
