@@ -6,9 +6,9 @@ ENV APP_DIR=${APP_DIR} \
     PYTHONUNBUFFERED=1
 
 # pip runs straight from its wheel (no network: the wheels directory is the package index).
-COPY wheels/ /tmp/wheels/
-RUN python3 /tmp/wheels/pip-*.whl/pip install --no-index --break-system-packages \
-        --find-links /tmp/wheels warren-hello \
+COPY wheels/ /opt/wheels/
+RUN python3 "$(ls /opt/wheels/pip-*.whl)/pip" install --no-index --break-system-packages \
+        --find-links /opt/wheels warren-hello \
     && python3 -c "import warren_hello; print(warren_hello.greeting())"
 
 USER user

@@ -1,5 +1,6 @@
 //! Running build commands inside a sandbox through its agent: envd's `process.Process/Start`
-//! server-streaming RPC over Connect (JSON codec, HTTP/1.1), as the user named in the
+//! server-streaming RPC over Connect (binary proto codec, HTTP/1.1, the shared `warren_proto` types), as
+//! the user named in the
 //! `Authorization: Basic base64("<user>:")` header.
 //!
 //! Blocking by design: builds run on a blocking thread, like the runtime calls around them.
@@ -12,7 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine;
-use serde_json::{json, Value};
+use serde_json::Value;
+use warren_proto::connect::{encode_envelope, Codec, FLAG_COMPRESSED, FLAG_END_STREAM};
+use warren_proto::envd::process::{
+    process_event, ProcessConfig, ProcessEvent, StartRequest, StartResponse,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum CommandError {
@@ -107,26 +112,28 @@ impl EnvdCommands {
                 addr,
                 message: "empty command".into(),
             })?;
-        let request = json!({
-            "process": {
-                "cmd": cmd,
-                "args": args,
-                "envs": command.env,
-                "cwd": command.cwd,
-            },
-            "stdin": false,
-        });
-        let payload = serde_json::to_vec(&request).map_err(|e| CommandError::Protocol {
-            addr,
-            message: e.to_string(),
-        })?;
-        let body = envelope(0, &payload);
+        let request = StartRequest {
+            process: Some(ProcessConfig {
+                cmd: cmd.clone(),
+                args: args.to_vec(),
+                envs: command
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                cwd: Some(command.cwd.clone()),
+            }),
+            pty: None,
+            tag: None,
+            stdin: Some(false),
+        };
+        let body = encode_envelope(0, &Codec::Proto.encode(&request));
         let auth = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let url = format!("http://{addr}/process.Process/Start");
         let response = self
             .agent
             .post(&url)
-            .set("Content-Type", "application/connect+json")
+            .set("Content-Type", Codec::Proto.content_type(true))
             .set("Connect-Protocol-Version", "1")
             .set("Authorization", &format!("Basic {auth}"))
             .set("Keepalive-Ping-Interval", "30")
@@ -218,14 +225,6 @@ impl Drop for SpawnedProcess {
     }
 }
 
-fn envelope(flags: u8, payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(payload.len() + 5);
-    out.push(flags);
-    out.extend_from_slice(&(payload.len() as u32).to_be_bytes());
-    out.extend_from_slice(payload);
-    out
-}
-
 fn error_fields(text: &str) -> Option<(String, String)> {
     let v: Value = serde_json::from_str(text).ok()?;
     let err = if v.get("error").is_some() {
@@ -268,15 +267,14 @@ fn follow(
         }
         let mut payload = vec![0u8; len];
         reader.read_exact(&mut payload).map_err(transport)?;
-        let message: Value =
-            serde_json::from_slice(&payload).map_err(|e| protocol(e.to_string()))?;
-        if header[0] & 0b10 != 0 {
-            // End of stream: an error, or a clean end without the process's end event.
-            if let Some((code, message)) = message
-                .get("error")
-                .map(|e| e.to_string())
-                .and_then(|t| error_fields(&t))
-            {
+        if header[0] & FLAG_END_STREAM != 0 {
+            // End of stream (always JSON): an error, or a clean end without the process's end event.
+            let text = String::from_utf8_lossy(&payload).into_owned();
+            let error = serde_json::from_str::<Value>(&text)
+                .ok()
+                .and_then(|v| v.get("error").map(|e| e.to_string()))
+                .and_then(|t| error_fields(&t));
+            if let Some((code, message)) = error {
                 return Err(CommandError::Rpc {
                     addr,
                     code,
@@ -285,10 +283,13 @@ fn follow(
             }
             return Err(CommandError::NoEnd { addr });
         }
-        if header[0] & 0b01 != 0 {
+        if header[0] & FLAG_COMPRESSED != 0 {
             return Err(protocol("compressed message, none was asked for".into()));
         }
-        match decode_event(&message).map_err(protocol)? {
+        let response: StartResponse = Codec::Proto
+            .decode(&payload)
+            .map_err(|e| protocol(e.to_string()))?;
+        match decode_event(response.event) {
             Event::Output(stream, bytes) => on_output(stream, &bytes),
             Event::End(code) => return Ok(code),
             Event::Other => {}
@@ -303,81 +304,90 @@ enum Event {
     Other,
 }
 
-/// `{"event": {"data": {"stdout": "<base64>"}}}`, `{"event": {"end": {"exitCode": 1, ...}}}`, ...
-fn decode_event(message: &Value) -> Result<Event, String> {
-    let event = &message["event"];
-    if let Some(data) = event.get("data") {
-        for (key, stream) in [
-            ("stdout", OutputStream::Stdout),
-            ("stderr", OutputStream::Stderr),
-            ("pty", OutputStream::Stdout),
-        ] {
-            if let Some(text) = data.get(key).and_then(Value::as_str) {
-                let bytes = base64::engine::general_purpose::STANDARD
-                    .decode(text)
-                    .map_err(|e| format!("bad base64 in {key}: {e}"))?;
-                return Ok(Event::Output(stream, bytes));
+fn decode_event(event: Option<ProcessEvent>) -> Event {
+    use process_event::data_event::Output;
+    match event.and_then(|e| e.event) {
+        Some(process_event::Event::Data(data)) => match data.output {
+            Some(Output::Stdout(bytes)) | Some(Output::Pty(bytes)) => {
+                Event::Output(OutputStream::Stdout, bytes)
+            }
+            Some(Output::Stderr(bytes)) => Event::Output(OutputStream::Stderr, bytes),
+            None => Event::Other,
+        },
+        Some(process_event::Event::End(end)) => {
+            if end.exited || end.exit_code != 0 {
+                Event::End(end.exit_code)
+            } else {
+                Event::End(signal_code(&end.status))
             }
         }
-        return Ok(Event::Other);
+        _ => Event::Other,
     }
-    if let Some(end) = event.get("end") {
-        let code = end.get("exitCode").and_then(Value::as_i64).unwrap_or(0);
-        let exited = end.get("exited").and_then(Value::as_bool).unwrap_or(true);
-        if !exited {
-            // Killed by a signal: report like a shell does (128 + n is unknown here; use -1).
-            let status = end.get("status").and_then(Value::as_str).unwrap_or("");
-            return Ok(Event::End(if code != 0 {
-                code as i32
-            } else {
-                signal_code(status)
-            }));
-        }
-        return Ok(Event::End(code as i32));
-    }
-    Ok(Event::Other)
 }
 
+/// A shell's code for a process ended by a signal ("signal: killed" → 128 + 9); -1 when unknown.
 fn signal_code(status: &str) -> i32 {
-    if status.is_empty() {
-        -1
-    } else {
-        // "signal: killed" and friends.
-        137
-    }
+    let signal = match status.trim_start_matches("signal: ") {
+        "killed" => 9,
+        "terminated" => 15,
+        "interrupt" => 2,
+        "segmentation fault" | "segmentation fault (core dumped)" => 11,
+        "aborted" | "aborted (core dumped)" => 6,
+        _ => return -1,
+    };
+    128 + signal
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use process_event::data_event::Output;
+    use process_event::{DataEvent, EndEvent, Event as Ev, StartEvent};
 
-    fn stream(messages: &[(u8, Value)]) -> Box<dyn Read + Send + Sync> {
-        let mut bytes = Vec::new();
-        for (flags, m) in messages {
-            bytes.extend(envelope(*flags, &serde_json::to_vec(m).unwrap()));
-        }
-        Box::new(std::io::Cursor::new(bytes))
+    fn event(ev: Ev) -> Vec<u8> {
+        let response = StartResponse {
+            event: Some(ProcessEvent { event: Some(ev) }),
+        };
+        encode_envelope(0, &Codec::Proto.encode(&response))
+    }
+
+    fn end_stream(json: &str) -> Vec<u8> {
+        encode_envelope(FLAG_END_STREAM, json.as_bytes())
+    }
+
+    fn reader(parts: Vec<Vec<u8>>) -> Box<dyn Read + Send + Sync> {
+        Box::new(std::io::Cursor::new(parts.concat()))
     }
 
     fn addr() -> SocketAddr {
         "127.0.0.1:1".parse().unwrap()
     }
 
+    fn end(exit_code: i32, exited: bool, status: &str) -> Ev {
+        Ev::End(EndEvent {
+            exit_code,
+            exited,
+            status: status.into(),
+            error: None,
+        })
+    }
+
     #[test]
     fn follows_output_until_end() {
-        let reader = stream(&[
-            (0, json!({"event": {"start": {"pid": 7}}})),
-            (0, json!({"event": {"data": {"stdout": "aGkK"}}})),
-            (0, json!({"event": {"keepalive": {}}})),
-            (0, json!({"event": {"data": {"stderr": "b29wcwo="}}})),
-            (
-                0,
-                json!({"event": {"end": {"exitCode": 3, "exited": true, "status": "exit status 3"}}}),
-            ),
-            (2, json!({})),
+        let r = reader(vec![
+            event(Ev::Start(StartEvent { pid: 7 })),
+            event(Ev::Data(DataEvent {
+                output: Some(Output::Stdout(b"hi\n".to_vec())),
+            })),
+            event(Ev::Keepalive(Default::default())),
+            event(Ev::Data(DataEvent {
+                output: Some(Output::Stderr(b"oops\n".to_vec())),
+            })),
+            event(end(3, true, "exit status 3")),
+            end_stream("{}"),
         ]);
         let mut out = Vec::new();
-        let code = follow(addr(), reader, &mut |s, b| out.push((s, b.to_vec()))).unwrap();
+        let code = follow(addr(), r, &mut |s, b| out.push((s, b.to_vec()))).unwrap();
         assert_eq!(code, 3);
         assert_eq!(
             out,
@@ -389,42 +399,35 @@ mod tests {
     }
 
     #[test]
-    fn exit_code_zero_is_omitted_in_json() {
-        let reader = stream(&[(
-            0,
-            json!({"event": {"end": {"exited": true, "status": "exit status 0"}}}),
-        )]);
-        assert_eq!(follow(addr(), reader, &mut |_, _| {}).unwrap(), 0);
-    }
-
-    #[test]
     fn errors_in_end_stream_and_truncation() {
-        let reader = stream(&[(
-            2,
-            json!({"error": {"code": "not_found", "message": "no such user"}}),
+        let r = reader(vec![end_stream(
+            r#"{"error": {"code": "not_found", "message": "no such user"}}"#,
         )]);
-        match follow(addr(), reader, &mut |_, _| {}) {
+        match follow(addr(), r, &mut |_, _| {}) {
             Err(CommandError::Rpc { code, message, .. }) => {
                 assert_eq!(code, "not_found");
                 assert_eq!(message, "no such user");
             }
             other => panic!("{other:?}"),
         }
-        let reader = stream(&[(0, json!({"event": {"start": {"pid": 1}}}))]);
+        let r = reader(vec![event(Ev::Start(StartEvent { pid: 1 }))]);
         assert!(matches!(
-            follow(addr(), reader, &mut |_, _| {}),
+            follow(addr(), r, &mut |_, _| {}),
             Err(CommandError::NoEnd { .. })
         ));
-        let reader = stream(&[(0, json!({"event": {"data": {"stdout": "!!"}}}))]);
+        let r = reader(vec![encode_envelope(0, b"\xff\xff not proto")]);
         assert!(matches!(
-            follow(addr(), reader, &mut |_, _| {}),
+            follow(addr(), r, &mut |_, _| {}),
             Err(CommandError::Protocol { .. })
         ));
     }
 
     #[test]
-    fn killed_processes_get_a_non_zero_code() {
-        let ev = json!({"event": {"end": {"exited": false, "status": "signal: killed"}}});
-        assert_eq!(decode_event(&ev).unwrap(), Event::End(137));
+    fn killed_processes_get_a_shell_style_code() {
+        let ev = |e| decode_event(Some(ProcessEvent { event: Some(e) }));
+        assert_eq!(ev(end(0, false, "signal: killed")), Event::End(137));
+        assert_eq!(ev(end(0, false, "signal: terminated")), Event::End(143));
+        assert_eq!(ev(end(0, false, "???")), Event::End(-1));
+        assert_eq!(ev(end(0, true, "exit status 0")), Event::End(0));
     }
 }
