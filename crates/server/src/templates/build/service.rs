@@ -352,6 +352,45 @@ mod tests {
             .contains("ubuntu"));
     }
 
+    /// The body and upload the official SDK produced (tests/templates/sdk-builder) plan end to end.
+    #[test]
+    fn official_sdk_request_and_upload_plan() {
+        use crate::templates::build::plan::StepAction;
+        let fixture =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/templates/sdk-builder");
+        let body: TemplateBuildStartV2 =
+            serde_json::from_str(&fs::read_to_string(fixture.join("request.json")).unwrap())
+                .unwrap();
+        let hash = body.steps[0].files_hash.clone().unwrap();
+        let state = tempfile::tempdir().unwrap();
+        let uploads = UploadStore::new(state.path());
+        let mut archive = fs::File::open(fixture.join(format!("{hash}.tar.gz"))).unwrap();
+        uploads.put(&hash, &mut archive).unwrap();
+        let env = LocalSdkEnv {
+            rootfs: PathBuf::from("/nonexistent"),
+            uploads: Some(uploads),
+            versions: Some(TemplateVersions::new(state.path())),
+        };
+        let plan = plan_sdk_template(&body, Some(2), Some(2048), &env).unwrap();
+        let titles: Vec<&str> = plan.steps.iter().map(|s| s.title.as_str()).collect();
+        assert_eq!(titles[0], "FROM python:3.11");
+        assert_eq!(titles[1], "COPY app /home/user/app");
+        assert_eq!(titles[2], "RUN pip install flask");
+        match &plan.steps[1].action {
+            StepAction::Copy { entries, owner, .. } => {
+                let targets: Vec<&str> = entries.iter().map(|e| e.target.as_str()).collect();
+                assert_eq!(targets, vec!["/home/user/app", "/home/user/app/main.py"]);
+                assert_eq!(owner.as_deref(), Some("user"));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(plan.steps[2].state.user, "root");
+        assert_eq!(plan.final_state.env["APP_ENV"], "prod");
+        assert_eq!(plan.final_state.workdir, "/home/user/app");
+        assert_eq!(plan.final_state.user, "user");
+        assert!(plan.ready_cmd.as_deref().unwrap().contains("sport = :8000"));
+    }
+
     #[test]
     fn default_base_is_the_e2b_base_image() {
         let plan = default_base_plan(Path::new("/nonexistent")).unwrap();
