@@ -19,6 +19,7 @@ use warren_runtime::{
 use warren_server::templates::build::agent_commands::{CommandRunner, CommandSpec, EnvdCommands};
 use warren_server::templates::build::job::{BuildJob, BuildStatus, JobState};
 use warren_server::templates::build::runner::BuildSettings;
+use warren_server::templates::build::sdk_template::{TemplateBuildStartV2, TemplateStep};
 use warren_server::templates::build::service::BuildService;
 use warren_server::templates::build::versions::TemplateStart;
 
@@ -254,6 +255,50 @@ fn builds_caches_and_starts_a_template() {
         std::panic::resume_unwind(panic);
     }
 
+    // The SDK's Template builder path: its request body and upload, built on the real runtime.
+    let sdk_fixture = repo_root().join("tests/templates/sdk-builder");
+    let sdk_body: TemplateBuildStartV2 =
+        serde_json::from_str(&std::fs::read_to_string(sdk_fixture.join("request.json")).unwrap())
+            .unwrap();
+    let hash = sdk_body.steps[0].files_hash.clone().unwrap();
+    let mut archive = std::fs::File::open(sdk_fixture.join(format!("{hash}.tar.gz"))).unwrap();
+    service.uploads().put(&hash, &mut archive).unwrap();
+    // Same COPY as the SDK sent, offline steps instead of its pip/apt installs.
+    let request = TemplateBuildStartV2 {
+        from_image: Some("debian:12".into()),
+        steps: vec![
+            sdk_body.steps[0].clone(),
+            sdk_step("ENV", &["GREETING", "from-sdk"]),
+            sdk_step("WORKDIR", &["/home/user/app"]),
+            sdk_step(
+                "RUN",
+                &["python3 main.py > out.txt && echo $GREETING >> out.txt && id -un >> out.txt"],
+            ),
+        ],
+        ..Default::default()
+    };
+    let plan = service
+        .plan_sdk(&request, Some(1), Some(512))
+        .expect("plan the SDK request");
+    let job = BuildJob::new("wt-sdk", "wt-build-1");
+    let built = match service.build_now("wt-sdk", "wt-build-1", &plan, &job) {
+        Ok(built) => built,
+        Err(e) => {
+            print_logs(&job.snapshot());
+            panic!("SDK build failed: {e}");
+        }
+    };
+    let out = built
+        .layers
+        .iter()
+        .map(|l| l.join("home/user/app/out.txt"))
+        .find(|p| p.exists())
+        .expect("out.txt in a layer");
+    assert_eq!(std::fs::read_to_string(out).unwrap(), "1\nfrom-sdk\nuser\n");
+    let status = serde_json::to_value(job.status_response(0, None, None)).unwrap();
+    assert_eq!(status["status"], "ready");
+    assert_eq!(status["buildID"], "wt-build-1");
+
     // A failing step fails the build, named, with its output.
     let broken = state.0.join("broken");
     std::fs::create_dir_all(&broken).unwrap();
@@ -299,6 +344,14 @@ fn builds_caches_and_starts_a_template() {
         leftovers.is_empty(),
         "build sandboxes left running: {leftovers:?}"
     );
+}
+
+fn sdk_step(kind: &str, args: &[&str]) -> TemplateStep {
+    TemplateStep {
+        kind: kind.into(),
+        args: args.iter().map(|a| a.to_string()).collect(),
+        ..Default::default()
+    }
 }
 
 fn sandbox_spec(id: &str, layers: &[PathBuf]) -> SandboxSpec {
