@@ -13,10 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use warren_runtime::{
-    LinuxRuntime, LinuxRuntimeConfig, NetworkSpec, Resources, Runtime, SandboxSpec,
-};
-use warren_server::templates::build::agent_commands::{CommandRunner, CommandSpec, EnvdCommands};
+use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, NetworkSpec, Resources, Runtime};
+use warren_server::templates::build::agent_commands::EnvdCommands;
+use warren_server::templates::build::instantiate::start_sandbox;
 use warren_server::templates::build::job::{BuildJob, BuildStatus, JobState};
 use warren_server::templates::build::runner::BuildSettings;
 use warren_server::templates::build::sdk_template::{TemplateBuildStartV2, TemplateStep};
@@ -204,56 +203,33 @@ fn builds_caches_and_starts_a_template() {
 
     // A sandbox from the template serves HTTP from the pip-installed package.
     let id = format!("wt-tpl-{}", std::process::id());
-    let sandbox = match &second.start {
-        TemplateStart::Checkpoint { dir } => runtime
-            .restore(dir, &sandbox_spec(&id, &second.layers))
-            .expect("restore template"),
-        _ => runtime
-            .create(&sandbox_spec(&id, &second.layers))
-            .expect("create sandbox"),
-    };
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        if second.start == TemplateStart::Cold {
-            let start = CommandSpec {
-                argv: vec![
-                    "/bin/sh".into(),
-                    "-c".into(),
-                    second.start_cmd.clone().unwrap(),
-                ],
-                env: second.env.clone(),
-                cwd: second.workdir.clone(),
-                user: second.user.clone(),
-            };
-            let _process = commands
-                .spawn(sandbox.agent_addr(), &start, Box::new(|_, _| {}))
-                .expect("start_cmd");
-            let deadline = Instant::now() + Duration::from_secs(30);
-            let mut body = None;
-            while Instant::now() < deadline {
-                if let Some(response) = http_get(sandbox.addr(8000), "/") {
-                    body = Some(response);
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(200));
-            }
-            let body = body.expect("the template's HTTP server answered");
-            assert!(body.starts_with("HTTP/1.0 200"), "{body}");
-            assert!(
-                body.contains("hello from a pip-installed package"),
-                "{body}"
-            );
-        } else {
-            let body = http_get(sandbox.addr(8000), "/").expect("restored server answers");
-            assert!(
-                body.contains("hello from a pip-installed package"),
-                "{body}"
-            );
-        }
-    }));
+    let started = start_sandbox(
+        runtime.as_ref(),
+        commands.as_ref(),
+        &second,
+        &id,
+        Resources {
+            vcpus: 1.0,
+            memory_mib: 512,
+            disk_mib: 256,
+            max_pids: 256,
+        },
+        NetworkSpec::default(),
+        Duration::from_secs(30),
+    )
+    .expect("sandbox from the template");
+    assert_eq!(
+        started.start_process.is_some(),
+        second.start == TemplateStart::Cold
+    );
+    let body = http_get(started.sandbox.addr(8000), "/");
     runtime.destroy(&id).expect("destroy sandbox");
-    if let Err(panic) = result {
-        std::panic::resume_unwind(panic);
-    }
+    let body = body.expect("the template's HTTP server answered");
+    assert!(body.starts_with("HTTP/1.0 200"), "{body}");
+    assert!(
+        body.contains("hello from a pip-installed package"),
+        "{body}"
+    );
 
     // The SDK's Template builder path: its request body and upload, built on the real runtime.
     let sdk_fixture = repo_root().join("tests/templates/sdk-builder");
@@ -351,20 +327,6 @@ fn sdk_step(kind: &str, args: &[&str]) -> TemplateStep {
         kind: kind.into(),
         args: args.iter().map(|a| a.to_string()).collect(),
         ..Default::default()
-    }
-}
-
-fn sandbox_spec(id: &str, layers: &[PathBuf]) -> SandboxSpec {
-    SandboxSpec {
-        id: id.into(),
-        layers: layers.to_vec(),
-        resources: Resources {
-            vcpus: 1.0,
-            memory_mib: 512,
-            disk_mib: 256,
-            max_pids: 256,
-        },
-        network: NetworkSpec::default(),
     }
 }
 

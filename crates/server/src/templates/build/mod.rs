@@ -12,6 +12,7 @@ pub mod dockerfile;
 pub mod dockerfile_plan;
 pub mod dockerignore;
 pub mod e2b_toml;
+pub mod instantiate;
 pub mod job;
 pub mod layers;
 pub mod plan;
