@@ -655,6 +655,34 @@ mod tests {
     }
 
     #[test]
+    fn add_unpacks_local_archives_into_the_destination() {
+        let base = base_rootfs();
+        let ctx_dir = tempfile::tempdir().unwrap();
+        let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
+            fs::File::create(ctx_dir.path().join("bundle.tgz")).unwrap(),
+            flate2::Compression::fast(),
+        ));
+        let mut header = tar::Header::new_gnu();
+        header.set_size(5);
+        header.set_mode(0o640);
+        header.set_cksum();
+        builder
+            .append_data(&mut header, "lib/data.txt", &b"hello"[..])
+            .unwrap();
+        builder.into_inner().unwrap().finish().unwrap();
+        let ctx = BuildContext::open(ctx_dir.path()).unwrap();
+        let entries = ctx
+            .entries(&["bundle.tgz".into()], "/opt/bundle/", true, true)
+            .unwrap();
+        let layer = tempfile::tempdir().unwrap();
+        let below = LayerStack::new(vec![base.path().to_path_buf()]);
+        write_copy_layer(layer.path(), &below, &entries, None, None).unwrap();
+        let data = layer.path().join("opt/bundle/lib/data.txt");
+        assert_eq!(fs::read_to_string(&data).unwrap(), "hello");
+        assert!(!layer.path().join("opt/bundle/bundle.tgz").exists());
+    }
+
+    #[test]
     fn workdir_layer_only_when_missing() {
         let base = base_rootfs();
         let below = LayerStack::new(vec![base.path().to_path_buf()]);
