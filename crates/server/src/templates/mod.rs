@@ -1,5 +1,7 @@
 //! Templates: the built-in `base` template and lookups. Template builds (`build`) hang off this module.
 
+pub mod build;
+
 use std::path::Path;
 
 use warren_proto::api::ENVD_VERSION;
