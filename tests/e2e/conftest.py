@@ -190,6 +190,8 @@ def warren():
             process.kill()
             process.wait()
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
+        log_file.close()
+        os.unlink(log_file.name)
 
 
 def _kill_leftover_sandboxes(stdout_lines):

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use warren_client::types::SandboxState;
 
 /// Default REST API address of a local `warren up`.
 pub const DEFAULT_API_URL: &str = "http://127.0.0.1:3000";
@@ -112,10 +113,10 @@ pub enum SandboxCommand {
         id: String,
         /// New timeout in seconds from now.
         #[arg(long)]
-        timeout: Option<u64>,
+        timeout: Option<u32>,
     },
     /// Set a sandbox's timeout: it ends SECONDS from now.
-    Timeout { id: String, seconds: u64 },
+    Timeout { id: String, seconds: u32 },
     /// Run a command in a sandbox; exits with the command's exit code.
     Exec(ExecArgs),
     /// Open an interactive terminal in a sandbox.
@@ -130,7 +131,7 @@ pub struct CreateArgs {
     pub template: String,
     /// Seconds until the sandbox is killed (or paused with --auto-pause).
     #[arg(long)]
-    pub timeout: Option<u64>,
+    pub timeout: Option<u32>,
     /// Metadata KEY=VALUE (repeatable).
     #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
@@ -147,9 +148,9 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Only sandboxes in this state (repeatable).
-    #[arg(long, value_parser = ["running", "paused"])]
-    pub state: Vec<String>,
+    /// Only sandboxes in this state: running or paused (repeatable).
+    #[arg(long, value_parser = parse_state)]
+    pub state: Vec<SandboxState>,
     /// Only sandboxes with this metadata KEY=VALUE (repeatable).
     #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
@@ -218,6 +219,10 @@ pub enum KeyCommand {
         #[command(flatten)]
         state: StateArgs,
     },
+}
+
+fn parse_state(raw: &str) -> Result<SandboxState, String> {
+    SandboxState::parse(raw).ok_or_else(|| format!("expected running or paused, got {raw:?}"))
 }
 
 /// `KEY=VALUE` → (KEY, VALUE). The value may contain `=`; the key may not be empty.
@@ -318,7 +323,15 @@ mod tests {
 
     #[test]
     fn list_rejects_unknown_state() {
-        assert!(parse(&["sandbox", "list", "--state", "running", "--state", "paused"]).is_ok());
+        let cli =
+            parse(&["sandbox", "list", "--state", "running", "--state", "paused"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::List(list)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(
+            list.state,
+            vec![SandboxState::Running, SandboxState::Paused]
+        );
         let err = parse(&["sandbox", "list", "--state", "sleeping"]).expect_err("must fail");
         assert_eq!(err.exit_code(), 2);
     }
