@@ -1,6 +1,7 @@
 //! `warren up`: makes sure an API key exists, prints the `export` lines a client needs, then runs the
 //! server (REST API + proxy + lifecycle) in the foreground until SIGINT/SIGTERM.
 
+use std::io::IsTerminal;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
@@ -113,6 +114,7 @@ fn init_logging() {
     // A second initialisation (only possible in tests) is harmless; ignore it.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }
