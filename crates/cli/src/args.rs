@@ -171,6 +171,9 @@ pub struct ExecArgs {
     /// Environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
+    /// Send this program's stdin to the command (until end of input), like `docker exec -i`.
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
     /// The command; joined with spaces and run by `bash -l -c` like the E2B SDK does.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -296,6 +299,13 @@ mod tests {
         assert_eq!(exec.cwd.as_deref(), Some("/tmp"));
         assert_eq!(exec.user, "user");
         assert_eq!(exec.command, vec!["ls", "-la", "--color"]);
+        assert!(!exec.stdin);
+        let cli = parse(&["sandbox", "exec", "-i", "sbx1", "--", "cat", "-i"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::Exec(exec)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert!(exec.stdin);
+        assert_eq!(exec.command, vec!["cat", "-i"]);
     }
 
     #[test]

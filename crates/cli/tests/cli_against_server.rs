@@ -150,6 +150,28 @@ async fn sandbox_commands_tables_json_and_exit_codes() {
         serde_json::json!({ "stdout": "x\n", "stderr": "", "exitCode": 0 })
     );
 
+    // exec -i: local stdin reaches the command and is closed at its end.
+    let mut piped = tokio::process::Command::new(env!("CARGO_BIN_EXE_warren"))
+        .args(["sandbox", "exec", "-i", &id, "--", "wc", "-l"])
+        .env("E2B_API_URL", &harness.server.api_url)
+        .env("E2B_SANDBOX_URL", &harness.server.sandbox_url)
+        .env("E2B_API_KEY", &harness.server.api_key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let mut input = piped.stdin.take().expect("stdin");
+    tokio::io::AsyncWriteExt::write_all(&mut input, b"one\ntwo\nthree\n")
+        .await
+        .expect("write");
+    drop(input);
+    let counted = tokio::time::timeout(WAIT, piped.wait_with_output())
+        .await
+        .expect("done")
+        .expect("ran");
+    assert_eq!(String::from_utf8_lossy(&counted.stdout).trim(), "3");
+    assert_eq!(counted.status.code(), Some(0));
+
     ok(warren(&harness, &["sandbox", "timeout", &id, "120"], &[]).await);
     ok(warren(&harness, &["sandbox", "pause", &id], &[]).await);
     assert_eq!(

@@ -222,12 +222,17 @@ async fn exec(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CommandError> 
     let mut spec = ProcessSpec::shell_command(&args.command.join(" "));
     spec.cwd = args.cwd;
     spec.envs = args.env.into_iter().collect::<HashMap<_, _>>();
+    spec.stdin = args.stdin;
     let mut stream = envd.start(&spec).await?;
     let mut result = ExecResult::default();
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
+    let mut stdin_task = None;
     while let Some(event) = stream.next().await? {
         match event {
+            ProcessOutput::Started { pid } if args.stdin => {
+                stdin_task = Some(tokio::spawn(forward_stdin(envd.clone(), pid)));
+            }
             ProcessOutput::Started { .. } => {}
             ProcessOutput::Stdout(bytes) | ProcessOutput::Pty(bytes) if global.json => {
                 result.stdout.push_str(&String::from_utf8_lossy(&bytes));
@@ -256,12 +261,34 @@ async fn exec(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CommandError> 
             }
         }
     }
+    if let Some(task) = stdin_task {
+        task.abort();
+    }
     if global.json {
         print_json(&result)?;
     } else if let Some(error) = &result.error {
         eprintln!("warren: {error}");
     }
     Ok(result.exit_code)
+}
+
+/// Copies local stdin to the process, then closes its stdin. Stops quietly when the process is gone
+/// (it may exit before reading everything, like `head`).
+async fn forward_stdin(envd: warren_client::EnvdClient, pid: u32) {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if envd.send_stdin(pid, buf[..n].to_vec()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = envd.close_stdin(pid).await;
 }
 
 #[cfg(test)]
