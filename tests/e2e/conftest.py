@@ -103,6 +103,10 @@ class Warren:
         self.log_path = log_path
 
     @property
+    def binary(self) -> str:
+        return str(warren_binary())
+
+    @property
     def api_url(self) -> str:
         return self.env["E2B_API_URL"]
 
