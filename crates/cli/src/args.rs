@@ -99,24 +99,37 @@ pub enum SandboxCommand {
     #[command(visible_alias = "ls")]
     List(ListArgs),
     /// Show one sandbox.
-    Get { id: String },
+    Get {
+        /// Sandbox ID.
+        id: String,
+    },
     /// Kill sandboxes.
     #[command(visible_alias = "rm")]
     Kill {
+        /// Sandbox IDs.
         #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Pause a running sandbox.
-    Pause { id: String },
+    Pause {
+        /// Sandbox ID.
+        id: String,
+    },
     /// Resume a paused sandbox.
     Resume {
+        /// Sandbox ID.
         id: String,
         /// New timeout in seconds from now.
         #[arg(long)]
         timeout: Option<u32>,
     },
     /// Set a sandbox's timeout: it ends SECONDS from now.
-    Timeout { id: String, seconds: u32 },
+    Timeout {
+        /// Sandbox ID.
+        id: String,
+        /// Seconds from now.
+        seconds: u32,
+    },
     /// Run a command in a sandbox; exits with the command's exit code.
     Exec(ExecArgs),
     /// Open an interactive terminal in a sandbox.
@@ -161,6 +174,7 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
+    /// Sandbox ID.
     pub id: String,
     /// Working directory inside the sandbox.
     #[arg(long)]
@@ -181,6 +195,7 @@ pub struct ExecArgs {
 
 #[derive(Debug, Args)]
 pub struct ShellArgs {
+    /// Sandbox ID.
     pub id: String,
     /// User to log in as.
     #[arg(long, short = 'u', default_value = "user")]
@@ -218,6 +233,7 @@ pub enum KeyCommand {
     },
     /// Revoke an API key by its ID.
     Revoke {
+        /// Key ID (or name).
         id: String,
         #[command(flatten)]
         state: StateArgs,
