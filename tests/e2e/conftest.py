@@ -66,8 +66,11 @@ def missing_prerequisite() -> str | None:
     return None
 
 
+_skip_reasons = []
+
+
 def pytest_terminal_summary(terminalreporter):
-    reason = missing_prerequisite()
+    reason = missing_prerequisite() or (_skip_reasons[0] if _skip_reasons else None)
     if reason:
         terminalreporter.write_line(f"SKIP: {reason}")
 
@@ -78,8 +81,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(port: int, deadline: float) -> None:
+def wait_for_port(port: int, deadline: float, process=None) -> None:
     while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"warren up exited with {process.returncode} before 127.0.0.1:{port} listened")
         try:
             with socket.create_connection(("127.0.0.1", port), timeout=1):
                 return
@@ -96,6 +101,10 @@ class Warren:
         self.env = env
         self.state_dir = state_dir
         self.log_path = log_path
+
+    @property
+    def binary(self) -> str:
+        return str(warren_binary())
 
     @property
     def api_url(self) -> str:
@@ -170,12 +179,17 @@ def warren():
     deadline = time.monotonic() + SERVER_START_WAIT_S
     try:
         if not exports_seen.wait(SERVER_START_WAIT_S):
+            _skip_if_build_has_no_runtime(process, log_file.name)
             raise RuntimeError(
                 f"warren up printed no export lines; stdout={stdout_lines!r}\n"
                 f"log:\n{Path(log_file.name).read_text(errors='replace')}"
             )
-        wait_for_port(api_port, deadline)
-        wait_for_port(proxy_port, deadline)
+        try:
+            wait_for_port(api_port, deadline, process)
+            wait_for_port(proxy_port, deadline, process)
+        except RuntimeError:
+            _skip_if_build_has_no_runtime(process, log_file.name)
+            raise
         exports = _parse_exports(stdout_lines)
         assert exports["E2B_API_URL"] == f"http://127.0.0.1:{api_port}", exports
         assert exports["E2B_SANDBOX_URL"] == f"http://127.0.0.1:{proxy_port}", exports
@@ -190,6 +204,25 @@ def warren():
             process.kill()
             process.wait()
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
+        log_file.close()
+        os.unlink(log_file.name)
+
+
+# What `warren up` says when the server crate was built without a runtime for this host.
+NO_RUNTIME_MESSAGE = "has no Linux runtime"
+
+
+def _skip_if_build_has_no_runtime(process, log_path):
+    """A build whose server has no runtime wired is a missing prerequisite, not a failure."""
+    try:
+        process.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        return
+    log = Path(log_path).read_text(errors="replace")
+    if NO_RUNTIME_MESSAGE in log:
+        reason = "this build's server has no Linux runtime (warren up: 'has no Linux runtime')"
+        _skip_reasons.append(reason)
+        pytest.skip(reason)
 
 
 def _kill_leftover_sandboxes(stdout_lines):

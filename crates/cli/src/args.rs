@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use warren_client::types::SandboxState;
 
 /// Default REST API address of a local `warren up`.
 pub const DEFAULT_API_URL: &str = "http://127.0.0.1:3000";
@@ -98,24 +99,37 @@ pub enum SandboxCommand {
     #[command(visible_alias = "ls")]
     List(ListArgs),
     /// Show one sandbox.
-    Get { id: String },
+    Get {
+        /// Sandbox ID.
+        id: String,
+    },
     /// Kill sandboxes.
     #[command(visible_alias = "rm")]
     Kill {
+        /// Sandbox IDs.
         #[arg(required = true)]
         ids: Vec<String>,
     },
     /// Pause a running sandbox.
-    Pause { id: String },
+    Pause {
+        /// Sandbox ID.
+        id: String,
+    },
     /// Resume a paused sandbox.
     Resume {
+        /// Sandbox ID.
         id: String,
         /// New timeout in seconds from now.
         #[arg(long)]
-        timeout: Option<u64>,
+        timeout: Option<u32>,
     },
     /// Set a sandbox's timeout: it ends SECONDS from now.
-    Timeout { id: String, seconds: u64 },
+    Timeout {
+        /// Sandbox ID.
+        id: String,
+        /// Seconds from now.
+        seconds: u32,
+    },
     /// Run a command in a sandbox; exits with the command's exit code.
     Exec(ExecArgs),
     /// Open an interactive terminal in a sandbox.
@@ -130,7 +144,7 @@ pub struct CreateArgs {
     pub template: String,
     /// Seconds until the sandbox is killed (or paused with --auto-pause).
     #[arg(long)]
-    pub timeout: Option<u64>,
+    pub timeout: Option<u32>,
     /// Metadata KEY=VALUE (repeatable).
     #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
@@ -147,9 +161,9 @@ pub struct CreateArgs {
 
 #[derive(Debug, Args)]
 pub struct ListArgs {
-    /// Only sandboxes in this state (repeatable).
-    #[arg(long, value_parser = ["running", "paused"])]
-    pub state: Vec<String>,
+    /// Only sandboxes in this state: running or paused (repeatable).
+    #[arg(long, value_parser = parse_state)]
+    pub state: Vec<SandboxState>,
     /// Only sandboxes with this metadata KEY=VALUE (repeatable).
     #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
     pub metadata: Vec<(String, String)>,
@@ -160,6 +174,7 @@ pub struct ListArgs {
 
 #[derive(Debug, Args)]
 pub struct ExecArgs {
+    /// Sandbox ID.
     pub id: String,
     /// Working directory inside the sandbox.
     #[arg(long)]
@@ -170,6 +185,9 @@ pub struct ExecArgs {
     /// Environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_key_value)]
     pub env: Vec<(String, String)>,
+    /// Send this program's stdin to the command (until end of input), like `docker exec -i`.
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
     /// The command; joined with spaces and run by `bash -l -c` like the E2B SDK does.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
@@ -177,6 +195,7 @@ pub struct ExecArgs {
 
 #[derive(Debug, Args)]
 pub struct ShellArgs {
+    /// Sandbox ID.
     pub id: String,
     /// User to log in as.
     #[arg(long, short = 'u', default_value = "user")]
@@ -214,10 +233,15 @@ pub enum KeyCommand {
     },
     /// Revoke an API key by its ID.
     Revoke {
+        /// Key ID (or name).
         id: String,
         #[command(flatten)]
         state: StateArgs,
     },
+}
+
+fn parse_state(raw: &str) -> Result<SandboxState, String> {
+    SandboxState::parse(raw).ok_or_else(|| format!("expected running or paused, got {raw:?}"))
 }
 
 /// `KEY=VALUE` → (KEY, VALUE). The value may contain `=`; the key may not be empty.
@@ -291,6 +315,13 @@ mod tests {
         assert_eq!(exec.cwd.as_deref(), Some("/tmp"));
         assert_eq!(exec.user, "user");
         assert_eq!(exec.command, vec!["ls", "-la", "--color"]);
+        assert!(!exec.stdin);
+        let cli = parse(&["sandbox", "exec", "-i", "sbx1", "--", "cat", "-i"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::Exec(exec)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert!(exec.stdin);
+        assert_eq!(exec.command, vec!["cat", "-i"]);
     }
 
     #[test]
@@ -318,7 +349,15 @@ mod tests {
 
     #[test]
     fn list_rejects_unknown_state() {
-        assert!(parse(&["sandbox", "list", "--state", "running", "--state", "paused"]).is_ok());
+        let cli =
+            parse(&["sandbox", "list", "--state", "running", "--state", "paused"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::List(list)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(
+            list.state,
+            vec![SandboxState::Running, SandboxState::Paused]
+        );
         let err = parse(&["sandbox", "list", "--state", "sleeping"]).expect_err("must fail");
         assert_eq!(err.exit_code(), 2);
     }

@@ -3,6 +3,7 @@
 mod args;
 mod commands;
 mod exit_code;
+mod state_dir;
 mod table;
 
 use std::process::ExitCode;
@@ -22,7 +23,10 @@ fn main() -> ExitCode {
             return ExitCode::from(exit_code::ERROR as u8);
         }
     };
-    let code = match runtime.block_on(commands::run(cli)) {
+    let outcome = runtime.block_on(commands::run(cli));
+    // `shell` leaves a blocking read of stdin behind that never returns; do not wait for it.
+    runtime.shutdown_background();
+    let code = match outcome {
         Ok(code) => code,
         Err(err) => {
             report_error(&err, json);

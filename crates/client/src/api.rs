@@ -6,10 +6,10 @@ use std::time::Duration;
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use serde::de::DeserializeOwned;
 
-use crate::types::{ErrorBody, NewSandbox, Sandbox, SandboxDetail, Template};
-
-/// Header that carries the API key, as the E2B SDKs send it.
-pub const API_KEY_HEADER: &str = "X-API-Key";
+use warren_proto::api::{
+    ConnectSandbox, Error as ErrorBody, ListedSandbox, NewSandbox, Sandbox, SandboxDetail,
+    SandboxState, SandboxTimeoutRequest, Template, API_KEY_HEADER, NEXT_TOKEN_HEADER,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -94,8 +94,8 @@ impl ApiError {
 /// Filters for [`ApiClient::list_sandboxes`].
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ListQuery {
-    /// `running` and/or `paused`; empty means both.
-    pub states: Vec<String>,
+    /// Empty means both running and paused.
+    pub states: Vec<SandboxState>,
     pub metadata: BTreeMap<String, String>,
     pub limit: Option<u32>,
 }
@@ -135,13 +135,14 @@ impl ApiClient {
     }
 
     /// Every sandbox matching `query`, following `x-next-token` pages until `limit` is reached.
-    pub async fn list_sandboxes(&self, query: &ListQuery) -> Result<Vec<SandboxDetail>, ApiError> {
+    pub async fn list_sandboxes(&self, query: &ListQuery) -> Result<Vec<ListedSandbox>, ApiError> {
         let mut all = Vec::new();
         let mut next_token: Option<String> = None;
         loop {
             let mut params: Vec<(&str, String)> = Vec::new();
             if !query.states.is_empty() {
-                params.push(("state", query.states.join(",")));
+                let states: Vec<&str> = query.states.iter().map(|s| s.as_str()).collect();
+                params.push(("state", states.join(",")));
             }
             if !query.metadata.is_empty() {
                 params.push(("metadata", encode_metadata_filter(&query.metadata)));
@@ -160,12 +161,12 @@ impl ApiClient {
                 .await?;
             next_token = response
                 .headers()
-                .get("x-next-token")
+                .get(NEXT_TOKEN_HEADER)
                 .and_then(|v| v.to_str().ok())
                 .filter(|v| !v.is_empty())
                 .map(str::to_string);
             let url = response.url().to_string();
-            let page: Vec<SandboxDetail> = response
+            let page: Vec<ListedSandbox> = response
                 .json()
                 .await
                 .map_err(|source| ApiError::Decode { url, source })?;
@@ -203,8 +204,11 @@ impl ApiClient {
     }
 
     /// Connects to a sandbox, resuming it when paused, and sets its timeout (`POST /sandboxes/{id}/connect`).
-    pub async fn connect_sandbox(&self, id: &str, timeout_secs: u64) -> Result<Sandbox, ApiError> {
-        let body = serde_json::json!({ "timeout": timeout_secs });
+    pub async fn connect_sandbox(&self, id: &str, timeout_secs: i64) -> Result<Sandbox, ApiError> {
+        let body = ConnectSandbox {
+            timeout: Some(timeout_secs),
+            ..ConnectSandbox::default()
+        };
         self.send_json(
             self.request(
                 Method::POST,
@@ -215,8 +219,10 @@ impl ApiClient {
         .await
     }
 
-    pub async fn set_timeout(&self, id: &str, timeout_secs: u64) -> Result<(), ApiError> {
-        let body = serde_json::json!({ "timeout": timeout_secs });
+    pub async fn set_timeout(&self, id: &str, timeout_secs: i64) -> Result<(), ApiError> {
+        let body = SandboxTimeoutRequest {
+            timeout: timeout_secs,
+        };
         self.send(
             self.request(
                 Method::POST,

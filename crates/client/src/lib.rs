@@ -3,7 +3,9 @@
 
 pub mod api;
 pub mod envd;
-pub mod types;
+
+/// The E2B REST bodies (shared with the server): `warren_proto::api`.
+pub use warren_proto::api as types;
 
 pub use api::{ApiClient, ApiError, ErrorKind, ListQuery};
 pub use envd::{EnvdClient, EnvdError, ProcessEnd, ProcessOutput, ProcessSpec, ProcessStream};

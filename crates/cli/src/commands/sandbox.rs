@@ -3,8 +3,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 
+use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
-use warren_client::types::{NewSandbox, SandboxDetail};
+use warren_client::types::{ListedSandbox, NewSandbox, SandboxDetail};
 use warren_client::{EnvdClient, ListQuery, ProcessOutput, ProcessSpec};
 
 use super::{api_client, print_json, CommandError};
@@ -13,7 +14,7 @@ use crate::exit_code;
 use crate::table::Table;
 
 /// Timeout `resume` gives a sandbox when none is asked for (E2B's default sandbox timeout).
-const DEFAULT_RESUME_TIMEOUT_SECS: u64 = 300;
+const DEFAULT_RESUME_TIMEOUT_SECS: u32 = 300;
 
 pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, CommandError> {
     match command {
@@ -27,7 +28,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
         }
         SandboxCommand::Resume { id, timeout } => {
             let sandbox = api_client(global)?
-                .connect_sandbox(&id, timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT_SECS))
+                .connect_sandbox(&id, timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT_SECS).into())
                 .await?;
             if global.json {
                 print_json(&sandbox)?;
@@ -36,7 +37,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
             report(global, &id, "running")
         }
         SandboxCommand::Timeout { id, seconds } => {
-            api_client(global)?.set_timeout(&id, seconds).await?;
+            api_client(global)?.set_timeout(&id, seconds.into()).await?;
             report(global, &id, &format!("ends in {seconds}s"))
         }
         SandboxCommand::Exec(args) => exec(global, args).await,
@@ -66,12 +67,14 @@ fn report(global: &GlobalArgs, id: &str, result: &str) -> Result<i32, CommandErr
 async fn create(global: &GlobalArgs, args: CreateArgs) -> Result<i32, CommandError> {
     let body = NewSandbox {
         template_id: args.template,
-        timeout: args.timeout,
+        timeout: args.timeout.map(i64::from),
         auto_pause: args.auto_pause.then_some(true),
+        auto_pause_memory: None,
+        auto_resume: None,
         secure: None,
         allow_internet_access: args.no_internet.then_some(false),
-        metadata: args.metadata.into_iter().collect(),
-        env_vars: args.env.into_iter().collect(),
+        metadata: (!args.metadata.is_empty()).then(|| args.metadata.into_iter().collect()),
+        env_vars: (!args.env.is_empty()).then(|| args.env.into_iter().collect()),
     };
     let sandbox = api_client(global)?.create_sandbox(&body).await?;
     if global.json {
@@ -97,7 +100,7 @@ async fn list(global: &GlobalArgs, args: ListArgs) -> Result<i32, CommandError> 
     Ok(exit_code::OK)
 }
 
-pub fn sandboxes_table(sandboxes: &[SandboxDetail]) -> Table {
+pub fn sandboxes_table(sandboxes: &[ListedSandbox]) -> Table {
     let mut table = Table::new([
         "id", "template", "state", "cpu", "memory", "started", "ends", "metadata",
     ]);
@@ -108,26 +111,28 @@ pub fn sandboxes_table(sandboxes: &[SandboxDetail]) -> Table {
                 .alias
                 .clone()
                 .unwrap_or_else(|| sandbox.template_id.clone()),
-            sandbox.state.clone(),
+            sandbox.state.as_str().to_string(),
             sandbox.cpu_count.to_string(),
             format!("{} MiB", sandbox.memory_mb),
-            sandbox.started_at.clone(),
-            sandbox.end_at.clone(),
-            format_metadata(sandbox.metadata.as_ref()),
+            format_time(&sandbox.started_at),
+            format_time(&sandbox.end_at),
+            format_metadata(&sandbox.metadata),
         ]);
     }
     table
 }
 
-fn format_metadata(metadata: Option<&BTreeMap<String, String>>) -> String {
+fn format_metadata(metadata: &BTreeMap<String, String>) -> String {
     metadata
-        .map(|m| {
-            m.iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect::<Vec<_>>()
-                .join(",")
-        })
-        .unwrap_or_default()
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// RFC 3339 in UTC to the second: `2026-12-02T13:00:00Z`.
+pub fn format_time(time: &DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
 async fn get(global: &GlobalArgs, id: &str) -> Result<i32, CommandError> {
@@ -147,14 +152,14 @@ pub fn sandbox_detail_table(sandbox: &SandboxDetail) -> Table {
     if let Some(alias) = &sandbox.alias {
         table.row(["alias", alias]);
     }
-    table.row(["state", &sandbox.state]);
+    table.row(["state", sandbox.state.as_str()]);
     table.row(["cpu", &sandbox.cpu_count.to_string()]);
     table.row(["memory", &format!("{} MiB", sandbox.memory_mb)]);
     table.row(["disk", &format!("{} MiB", sandbox.disk_size_mb)]);
-    table.row(["started", &sandbox.started_at]);
-    table.row(["ends", &sandbox.end_at]);
+    table.row(["started", &format_time(&sandbox.started_at)]);
+    table.row(["ends", &format_time(&sandbox.end_at)]);
     table.row(["envd", &sandbox.envd_version]);
-    table.row(["metadata", &format_metadata(sandbox.metadata.as_ref())]);
+    table.row(["metadata", &format_metadata(&sandbox.metadata)]);
     table
 }
 
@@ -217,12 +222,17 @@ async fn exec(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CommandError> 
     let mut spec = ProcessSpec::shell_command(&args.command.join(" "));
     spec.cwd = args.cwd;
     spec.envs = args.env.into_iter().collect::<HashMap<_, _>>();
+    spec.stdin = args.stdin;
     let mut stream = envd.start(&spec).await?;
     let mut result = ExecResult::default();
     let mut stdout = std::io::stdout();
     let mut stderr = std::io::stderr();
+    let mut stdin_task = None;
     while let Some(event) = stream.next().await? {
         match event {
+            ProcessOutput::Started { pid } if args.stdin => {
+                stdin_task = Some(tokio::spawn(forward_stdin(envd.clone(), pid)));
+            }
             ProcessOutput::Started { .. } => {}
             ProcessOutput::Stdout(bytes) | ProcessOutput::Pty(bytes) if global.json => {
                 result.stdout.push_str(&String::from_utf8_lossy(&bytes));
@@ -244,10 +254,15 @@ async fn exec(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CommandError> 
             }
             ProcessOutput::Ended(end) => {
                 result.exit_code = end.shell_exit_code();
-                result.error = end.error;
+                // envd repeats the status ("exit status 7") as the error of a failed command; only
+                // something beyond that (a signal, a failure to start) is worth printing.
+                result.error = end.error.filter(|error| *error != end.status);
                 break;
             }
         }
+    }
+    if let Some(task) = stdin_task {
+        task.abort();
     }
     if global.json {
         print_json(&result)?;
@@ -257,40 +272,67 @@ async fn exec(global: &GlobalArgs, args: ExecArgs) -> Result<i32, CommandError> 
     Ok(result.exit_code)
 }
 
+/// Copies local stdin to the process, then closes its stdin. Stops quietly when the process is gone
+/// (it may exit before reading everything, like `head`).
+async fn forward_stdin(envd: warren_client::EnvdClient, pid: u32) {
+    use tokio::io::AsyncReadExt;
+    let mut stdin = tokio::io::stdin();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match stdin.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if envd.send_stdin(pid, buf[..n].to_vec()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let _ = envd.close_stdin(pid).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use warren_client::types::SandboxState;
 
-    fn detail(id: &str, state: &str) -> SandboxDetail {
-        SandboxDetail {
+    fn time(text: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(text)
+            .expect("valid time")
+            .with_timezone(&Utc)
+    }
+
+    fn listed(id: &str, state: SandboxState) -> ListedSandbox {
+        ListedSandbox {
             template_id: "base".into(),
             sandbox_id: id.into(),
             client_id: String::new(),
-            alias: None,
-            started_at: "2026-12-02T13:00:00Z".into(),
-            end_at: "2026-12-02T13:05:00Z".into(),
+            started_at: time("2026-12-02T13:00:00.250Z"),
+            end_at: time("2026-12-02T13:05:00Z"),
             cpu_count: 2,
             memory_mb: 512,
             disk_size_mb: 1024,
-            state: state.into(),
+            state,
             envd_version: "0.6.4".into(),
-            envd_access_token: None,
-            metadata: Some(BTreeMap::from([
-                ("a".into(), "1".into()),
-                ("b".into(), "2".into()),
-            ])),
+            alias: None,
+            metadata: BTreeMap::from([("a".into(), "1".into()), ("b".into(), "2".into())]),
         }
     }
 
     #[test]
     fn list_table_has_one_row_per_sandbox() {
-        let text =
-            sandboxes_table(&[detail("sbx-a", "running"), detail("sbx-bb", "paused")]).render();
+        let rows = [
+            listed("sbx-a", SandboxState::Running),
+            listed("sbx-bb", SandboxState::Paused),
+        ];
+        let text = sandboxes_table(&rows).render();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
         assert!(lines[0].starts_with("ID      TEMPLATE  STATE"), "{text}");
         assert!(
-            lines[1].starts_with("sbx-a   base      running  2    512 MiB"),
+            lines[1].starts_with(
+                "sbx-a   base      running  2    512 MiB  2026-12-02T13:00:00Z  2026-12-02T13:05:00Z"
+            ),
             "{text}"
         );
         assert!(
@@ -301,9 +343,16 @@ mod tests {
 
     #[test]
     fn detail_table_lists_fields() {
-        let text = sandbox_detail_table(&detail("sbx-a", "running")).render();
+        let detail: SandboxDetail = serde_json::from_value(serde_json::json!({
+            "templateID": "base", "sandboxID": "sbx-a", "clientID": "c",
+            "startedAt": "2026-12-02T13:00:00Z", "endAt": "2026-12-02T13:05:00Z",
+            "envdVersion": "0.6.4", "cpuCount": 2, "memoryMB": 512, "diskSizeMB": 1024, "state": "running"
+        }))
+        .expect("the server's JSON");
+        let text = sandbox_detail_table(&detail).render();
         assert!(text.contains("state     running\n"), "{text}");
         assert!(text.contains("memory    512 MiB\n"), "{text}");
+        assert!(text.contains("ends      2026-12-02T13:05:00Z\n"), "{text}");
         assert!(!text.contains("alias"), "{text}");
     }
 }

@@ -1,7 +1,8 @@
 //! `warren template list`.
 
-use warren_client::types::Template;
+use warren_client::types::{Template, TemplateBuildStatus};
 
+use super::sandbox::format_time;
 use super::{api_client, print_json, CommandError};
 use crate::args::{GlobalArgs, TemplateCommand};
 use crate::exit_code;
@@ -29,14 +30,23 @@ pub fn templates_table(templates: &[Template]) -> Table {
         table.row([
             template.template_id.clone(),
             template.aliases.join(","),
-            template.build_status.clone(),
+            build_status(template.build_status).to_string(),
             template.cpu_count.to_string(),
             format!("{} MiB", template.memory_mb),
             format!("{} MiB", template.disk_size_mb),
-            template.created_at.clone(),
+            format_time(&template.created_at),
         ]);
     }
     table
+}
+
+fn build_status(status: TemplateBuildStatus) -> &'static str {
+    match status {
+        TemplateBuildStatus::Building => "building",
+        TemplateBuildStatus::Waiting => "waiting",
+        TemplateBuildStatus::Ready => "ready",
+        TemplateBuildStatus::Error => "error",
+    }
 }
 
 #[cfg(test)]
@@ -45,17 +55,14 @@ mod tests {
 
     #[test]
     fn template_rows_show_aliases_and_sizes() {
-        let template = Template {
-            template_id: "base".into(),
-            build_id: "b1".into(),
-            cpu_count: 1,
-            memory_mb: 512,
-            disk_size_mb: 2048,
-            public: true,
-            aliases: vec!["base".into(), "debian".into()],
-            created_at: "2026-12-02T12:00:00Z".into(),
-            build_status: "ready".into(),
-        };
+        let template: Template = serde_json::from_value(serde_json::json!({
+            "templateID": "base", "buildID": "b1", "cpuCount": 1, "memoryMB": 512, "diskSizeMB": 2048,
+            "public": true, "aliases": ["base", "debian"], "names": ["base"],
+            "createdAt": "2026-12-02T12:00:00Z", "updatedAt": "2026-12-02T12:00:00Z", "createdBy": null,
+            "lastSpawnedAt": null, "spawnCount": 0, "buildCount": 1, "envdVersion": "0.6.4",
+            "buildStatus": "ready"
+        }))
+        .expect("the server's JSON");
         let text = templates_table(&[template]).render();
         assert_eq!(
             text,
