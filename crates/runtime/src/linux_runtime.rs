@@ -72,7 +72,12 @@ impl LinuxRuntime {
             &subnet_cidr(config.gateway, config.subnet_prefix),
         )
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
-        let addresses = AddressPool::new(&config.state_dir, config.gateway, config.subnet_prefix);
+        let addresses = AddressPool::new(
+            &config.state_dir,
+            &config.bridge,
+            config.gateway,
+            config.subnet_prefix,
+        );
         Ok(Self {
             config,
             supervisor_binary,
