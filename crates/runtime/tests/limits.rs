@@ -173,6 +173,9 @@ fn fork_bomb_stops_at_the_pids_limit() {
     runtime
         .destroy(&sandbox.id)
         .expect("destroy during a fork bomb");
-    let left = common::leftovers(&runtime.config().state_dir, &[sandbox.id.clone()]);
+    let left = common::leftovers(
+        &runtime.config().state_dir,
+        std::slice::from_ref(&sandbox.id),
+    );
     assert!(left.is_empty(), "{left:?}");
 }
