@@ -10,9 +10,8 @@ pub use templates::*;
 use serde::{Deserialize, Serialize};
 
 /// envd protocol version Warren's agent implements, as reported in `envdVersion`. The SDK enables
-/// features by comparing against it. Must equal `envd::ENVD_VERSION` (the agent's); becomes a re-export
-/// of it once both modules are on one branch.
-pub const ENVD_VERSION: &str = "0.6.4";
+/// features by comparing against it.
+pub use crate::envd::ENVD_VERSION;
 
 /// Header carrying the API key.
 pub const API_KEY_HEADER: &str = "X-API-Key";
