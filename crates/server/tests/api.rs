@@ -571,3 +571,48 @@ async fn runtime_failures_are_a_plain_500_with_an_id() {
     .await;
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn concurrent_creates_never_exceed_the_quota() {
+    let h = std::sync::Arc::new(Harness::start(false, |c| c.limits.max_sandboxes = 3).await);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move {
+            h.api(
+                Method::POST,
+                "/v2/sandboxes",
+                Some(json!({"templateID": "base"})),
+            )
+            .await
+            .status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::CREATED)
+            .count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(h.runtime.live_ids().len(), 3);
+    for id in h.runtime.live_ids() {
+        h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await;
+    }
+    let h = std::sync::Arc::into_inner(h).unwrap();
+    h.server.stop().await.unwrap();
+}
