@@ -365,10 +365,11 @@ impl Store for SqliteStore {
         }
         for (key, value) in &filter.metadata {
             query
-                .push(" AND json_extract(metadata, ")
-                .push_bind(format!("$.\"{}\"", key.replace('"', "\\\"")))
-                .push(") = ")
-                .push_bind(value.clone());
+                .push(" AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ")
+                .push_bind(key.clone())
+                .push(" AND json_each.value = ")
+                .push_bind(value.clone())
+                .push(")");
         }
         if let Some(template) = &filter.template {
             query
@@ -536,7 +537,10 @@ mod tests {
             client_id: "warren".to_string(),
             state: SandboxState::Creating,
             state_reason: None,
-            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            metadata: BTreeMap::from([
+                ("k".to_string(), "v w".to_string()),
+                ("odd.\"key'".to_string(), "x".to_string()),
+            ]),
             env_vars: BTreeMap::new(),
             vcpus: 1.0,
             memory_mib: 256,
@@ -627,7 +631,10 @@ mod tests {
                 .unwrap();
         }
         let filter = SandboxFilter {
-            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            metadata: BTreeMap::from([
+                ("k".to_string(), "v w".to_string()),
+                ("odd.\"key'".to_string(), "x".to_string()),
+            ]),
             limit: Some(2),
             ..SandboxFilter::default()
         };
