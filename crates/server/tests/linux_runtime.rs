@@ -127,7 +127,27 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
         "{}",
         String::from_utf8_lossy(&pause.body)
     );
-    println!("pause: {:?}", paused_at.elapsed());
+    let record = h.server.lifecycle.get(&id).await.unwrap();
+    println!(
+        "pause: {:?} ({:?}; runtime checkpoint capability {})",
+        paused_at.elapsed(),
+        record.pause_kind,
+        h.server.lifecycle.capabilities().checkpoint
+    );
+    if record.pause_kind == Some(warren_server::store::PauseKind::Checkpoint) {
+        assert!(
+            record.snapshot_dir.as_ref().is_some_and(|dir| dir.is_dir()),
+            "checkpoint on disk"
+        );
+        assert!(
+            runtime
+                .list()
+                .unwrap()
+                .iter()
+                .all(|sandbox| sandbox.id != id),
+            "nothing runs while checkpointed"
+        );
+    }
     let paused = send(Method::GET, &through_proxy("/health"), &route, None).await;
     assert_eq!(paused.status, StatusCode::BAD_GATEWAY);
     let resumed_at = std::time::Instant::now();
