@@ -1,0 +1,10 @@
+//! warren-client: a typed client for Warren's E2B-compatible REST API ([`api`]) and for the envd
+//! protocol a sandbox's agent speaks, reached through Warren's sandbox proxy ([`envd`]).
+
+pub mod api;
+pub mod envd;
+pub mod types;
+
+pub use api::{ApiClient, ApiError, ErrorKind, ListQuery};
+pub use envd::{EnvdClient, EnvdError, ProcessEnd, ProcessOutput, ProcessSpec, ProcessStream};
+pub use warren_proto::envd::filesystem::EntryInfo;
