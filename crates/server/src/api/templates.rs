@@ -1,6 +1,7 @@
 //! `/templates`: list and get.
 
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::routing::get;
 use axum::{Json, Router};
 use chrono::{DateTime, TimeZone, Utc};
@@ -14,7 +15,7 @@ use crate::store::{Millis, TemplateRecord};
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/templates", get(list))
-        .route("/templates/{id}", get(get_one))
+        .route("/templates/{id}", get(get_one).delete(delete_one))
 }
 
 fn time(millis: Millis) -> DateTime<Utc> {
@@ -59,6 +60,22 @@ async fn list(
 ) -> Result<Json<Vec<api::Template>>, ApiError> {
     let records = state.lifecycle.store().list_templates().await?;
     Ok(Json(records.iter().map(template).collect()))
+}
+
+/// The SDK's `Sandbox.delete_snapshot` calls this: snapshots are templates in E2B's model. Deleting a
+/// built template is not offered yet.
+async fn delete_one(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if state.lifecycle.store().get_template(&id).await?.is_some() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("template '{id}' is a built template; this server deletes only snapshots here"),
+        ));
+    }
+    super::snapshots::delete_by_id(&state, &id).await
 }
 
 async fn get_one(

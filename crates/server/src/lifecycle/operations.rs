@@ -56,6 +56,8 @@ pub enum LifecycleError {
     },
     #[error("store failed")]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Why the proxy cannot reach a sandbox.
@@ -100,6 +102,33 @@ pub enum ResumeOutcome {
     AlreadyRunning,
 }
 
+/// What a new sandbox starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StartSource {
+    pub template_id: String,
+    pub alias: Option<String>,
+    /// Read-only layers, top-most first.
+    pub layers: Vec<PathBuf>,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    /// Restore this checkpoint (template build, snapshot or fork) instead of starting fresh.
+    pub checkpoint: Option<PathBuf>,
+    pub counts_as_template_spawn: bool,
+}
+
+/// The checkpoint a template's build left (its start command running, ready check passed), if any.
+fn template_checkpoint(config: &ServerConfig, template: &TemplateRecord) -> Option<PathBuf> {
+    let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
+    match versions.load(&template.id, &template.build_id) {
+        Ok(built) => match built.start {
+            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => Some(dir),
+            _ => None,
+        },
+        Err(_) => None,
+    }
+}
+
 /// Where the proxy sends traffic for a running sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Route {
@@ -127,7 +156,7 @@ fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) ->
 
 /// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
 /// contains no `-`, so `<port>-<id>` splits cleanly).
-fn new_sandbox_id() -> String {
+pub(crate) fn new_sandbox_id() -> String {
     let mut rng = rand::thread_rng();
     let first = rng.gen_range(b'a'..=b'z') as char;
     let rest: String = Alphanumeric
@@ -136,7 +165,7 @@ fn new_sandbox_id() -> String {
     format!("{first}{rest}")
 }
 
-fn new_access_token() -> String {
+pub(crate) fn new_access_token() -> String {
     let mut bytes = [0u8; 24];
     rand::thread_rng().fill(&mut bytes);
     hex::encode(bytes)
@@ -190,7 +219,7 @@ impl Lifecycle {
             })
     }
 
-    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self
             .locks
             .lock()
@@ -198,7 +227,7 @@ impl Lifecycle {
         Arc::clone(locks.entry(id.to_string()).or_default())
     }
 
-    fn forget_lock(&self, id: &str) {
+    pub(crate) fn forget_lock(&self, id: &str) {
         let mut locks = self
             .locks
             .lock()
@@ -288,9 +317,17 @@ impl Lifecycle {
     }
 
     fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
+        self.spec_with_layers(record, template.layers.clone())
+    }
+
+    pub(crate) fn spec_with_layers(
+        &self,
+        record: &SandboxRecord,
+        layers: Vec<PathBuf>,
+    ) -> SandboxSpec {
         SandboxSpec {
             id: record.id.clone(),
-            layers: template.layers.clone(),
+            layers,
             resources: Resources {
                 vcpus: record.vcpus,
                 memory_mib: record.memory_mib,
@@ -340,23 +377,59 @@ impl Lifecycle {
         })
     }
 
+    /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
+    /// build left one, else a cold start on its layers), or else a snapshot of that id or name.
+    async fn start_source(&self, id_or_alias: &str) -> Result<StartSource, LifecycleError> {
+        match self.template(id_or_alias).await {
+            Ok(template) => {
+                let checkpoint = template_checkpoint(&self.config, &template);
+                Ok(StartSource {
+                    template_id: template.id.clone(),
+                    alias: (id_or_alias != template.id).then(|| id_or_alias.to_string()),
+                    layers: template.layers.clone(),
+                    vcpus: template.vcpus,
+                    memory_mib: template.memory_mib,
+                    disk_mib: template.disk_mib,
+                    checkpoint,
+                    counts_as_template_spawn: true,
+                })
+            }
+            Err(LifecycleError::TemplateNotFound(name)) => {
+                let Some(snapshot) = self.store.get_snapshot(&name).await? else {
+                    return Err(LifecycleError::TemplateNotFound(name));
+                };
+                Ok(StartSource {
+                    template_id: snapshot.template_id.clone(),
+                    alias: Some(snapshot.id.clone()),
+                    layers: snapshot.layers.clone(),
+                    vcpus: snapshot.vcpus,
+                    memory_mib: snapshot.memory_mib,
+                    disk_mib: snapshot.disk_mib,
+                    checkpoint: Some(snapshot.dir.clone()),
+                    counts_as_template_spawn: false,
+                })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
         let timeout = self.timeout_millis(request.timeout)?;
-        let template = self.template(&request.template).await?;
+        let source = self.start_source(&request.template).await?;
         let now = now_millis();
-        let mut record = SandboxRecord {
+        let record = SandboxRecord {
             id: new_sandbox_id(),
-            template_id: template.id.clone(),
-            alias: (request.template != template.id).then(|| request.template.clone()),
+            template_id: source.template_id.clone(),
+            alias: source.alias.clone(),
             client_id: CLIENT_ID.to_string(),
             state: SandboxState::Creating,
             state_reason: None,
             metadata: request.metadata,
             env_vars: request.env_vars,
-            vcpus: template.vcpus,
-            memory_mib: template.memory_mib,
-            disk_mib: template.disk_mib,
+            vcpus: source.vcpus,
+            memory_mib: source.memory_mib,
+            disk_mib: source.disk_mib,
             auto_pause: request.auto_pause,
             auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
             allow_internet: request.allow_internet,
@@ -369,6 +442,28 @@ impl Lifecycle {
             end_at: now + timeout,
             updated_at: now,
         };
+        let record = self.admit_and_start(record, &source, None).await?;
+        if source.counts_as_template_spawn {
+            if let Err(error) = self
+                .store
+                .record_template_spawn(&source.template_id, now_millis())
+                .await
+            {
+                tracing::warn!(template = %source.template_id, %error, "cannot count template spawn");
+            }
+        }
+        Ok(CreatedSandbox { record })
+    }
+
+    /// Admit `record` (state `creating`), store it, start it from `source` (restore its checkpoint or a
+    /// fresh start) and initialise its agent. `previous_token` is the access token the restored agent
+    /// still holds (forks of a secured sandbox).
+    pub(crate) async fn admit_and_start(
+        &self,
+        mut record: SandboxRecord,
+        source: &StartSource,
+        previous_token: Option<&str>,
+    ) -> Result<SandboxRecord, LifecycleError> {
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
         {
@@ -389,27 +484,39 @@ impl Lifecycle {
             };
             if let Err(refused) = admission::admit(&self.config.limits, Usage::of(&live), request) {
                 self.metrics.admission_refused();
+                self.forget_lock(&record.id);
                 return Err(refused.into());
             }
             self.store.insert_sandbox(&record).await?;
         }
         let admitted = std::time::Instant::now();
 
-        let spec = self.spec_for(&record, &template);
-        let started = self.on_runtime(move |runtime| runtime.create(&spec)).await;
+        let spec = self.spec_with_layers(&record, source.layers.clone());
+        let checkpoint = source.checkpoint.clone();
+        let (action, started) = match checkpoint {
+            Some(dir) => (
+                "restore",
+                self.on_runtime(move |runtime| runtime.restore(&dir, &spec))
+                    .await,
+            ),
+            None => (
+                "start",
+                self.on_runtime(move |runtime| runtime.create(&spec)).await,
+            ),
+        };
         let sandbox = match started {
             Ok(sandbox) => sandbox,
             Err(source) => {
-                let reason = format!("start failed: {source}");
+                let reason = format!("{action} failed: {source}");
                 self.fail(&mut record, reason).await;
                 return Err(LifecycleError::Runtime {
-                    action: "start",
+                    action,
                     id: record.id.clone(),
                     source,
                 });
             }
         };
-        if let Err(error) = self.init_agent_of(&record, &sandbox, None).await {
+        if let Err(error) = self.init_agent_of(&record, &sandbox, previous_token).await {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed init");
@@ -424,20 +531,17 @@ impl Lifecycle {
             TransitionUpdate {
                 ip: Some(Some(sandbox.ip)),
                 init_pid: Some(Some(sandbox.init_pid)),
+                reason: source
+                    .checkpoint
+                    .as_ref()
+                    .map(|dir| format!("restored from {}", dir.display())),
                 ..TransitionUpdate::default()
             },
         )
         .await?;
         self.metrics
             .sandbox_started(admitted.elapsed().as_secs_f64());
-        if let Err(error) = self
-            .store
-            .record_template_spawn(&template.id, now_millis())
-            .await
-        {
-            tracing::warn!(template = %template.id, %error, "cannot count template spawn");
-        }
-        Ok(CreatedSandbox { record })
+        Ok(record)
     }
 
     /// Move to `failed`, logging (not returning) a store error: the caller is already reporting one.
@@ -455,7 +559,7 @@ impl Lifecycle {
     }
 
     /// Take the sandbox's lock and read it; `NotFound` (and no lock left behind) unless it is live.
-    async fn lock_live(
+    pub(crate) async fn lock_live(
         &self,
         id: &str,
     ) -> Result<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord), LifecycleError> {
@@ -897,7 +1001,7 @@ impl Lifecycle {
     }
 }
 
-async fn remove_snapshot(dir: &PathBuf) {
+pub(crate) async fn remove_snapshot(dir: &std::path::Path) {
     match tokio::fs::remove_dir_all(dir).await {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
