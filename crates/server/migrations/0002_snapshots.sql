@@ -17,6 +17,8 @@ CREATE TABLE snapshots (
     vcpus           REAL NOT NULL,
     memory_mib      INTEGER NOT NULL,
     disk_mib        INTEGER NOT NULL,
+    -- envd access token the checkpointed agent holds (needed to re-initialise a restored copy).
+    envd_access_token TEXT,
     created_at      INTEGER NOT NULL
 );
 CREATE INDEX snapshots_sandbox ON snapshots (sandbox_id, created_at);

@@ -284,10 +284,28 @@ async fn snapshots_are_created_listed_used_as_templates_and_deleted() {
     assert_eq!(bad_limit.status, StatusCode::BAD_REQUEST);
 
     // A snapshot id, or its name, works as a templateID: the sandbox is restored from it.
+    let source_token = h
+        .server
+        .server
+        .lifecycle
+        .get(&source)
+        .await
+        .unwrap()
+        .envd_access_token;
+    assert!(source_token.is_some(), "v2 sandboxes are secured");
     for template in [snapshot_id.as_str(), "wt-lab"] {
         let restored = h.create(json!({"templateID": template})).await;
         assert_eq!(restored["templateID"], "base");
         assert_eq!(restored["alias"], snapshot_id);
+        // The restored agent still holds the source's token: /init authenticates with it and sets the
+        // new sandbox's own.
+        let inits = h.runtime.inits_of(restored["sandboxID"].as_str().unwrap());
+        assert_eq!(inits.len(), 1);
+        assert_eq!(inits[0].1, source_token);
+        assert_ne!(
+            restored["envdAccessToken"].as_str(),
+            source_token.as_deref()
+        );
     }
     assert_eq!(h.runtime.recorded.lock().unwrap().restored.len(), 2);
 

@@ -114,6 +114,8 @@ pub(crate) struct StartSource {
     pub disk_mib: u64,
     /// Restore this checkpoint (template build, snapshot or fork) instead of starting fresh.
     pub checkpoint: Option<PathBuf>,
+    /// Access token the checkpointed agent still holds, to re-initialise it with.
+    pub agent_token: Option<String>,
     pub counts_as_template_spawn: bool,
 }
 
@@ -391,6 +393,7 @@ impl Lifecycle {
                     memory_mib: template.memory_mib,
                     disk_mib: template.disk_mib,
                     checkpoint,
+                    agent_token: None,
                     counts_as_template_spawn: true,
                 })
             }
@@ -406,6 +409,7 @@ impl Lifecycle {
                     memory_mib: snapshot.memory_mib,
                     disk_mib: snapshot.disk_mib,
                     checkpoint: Some(snapshot.dir.clone()),
+                    agent_token: snapshot.envd_access_token.clone(),
                     counts_as_template_spawn: false,
                 })
             }
@@ -442,7 +446,7 @@ impl Lifecycle {
             end_at: now + timeout,
             updated_at: now,
         };
-        let record = self.admit_and_start(record, &source, None).await?;
+        let record = self.admit_and_start(record, &source).await?;
         if source.counts_as_template_spawn {
             if let Err(error) = self
                 .store
@@ -456,13 +460,11 @@ impl Lifecycle {
     }
 
     /// Admit `record` (state `creating`), store it, start it from `source` (restore its checkpoint or a
-    /// fresh start) and initialise its agent. `previous_token` is the access token the restored agent
-    /// still holds (forks of a secured sandbox).
+    /// fresh start) and initialise its agent (with the token a restored agent still holds).
     pub(crate) async fn admit_and_start(
         &self,
         mut record: SandboxRecord,
         source: &StartSource,
-        previous_token: Option<&str>,
     ) -> Result<SandboxRecord, LifecycleError> {
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
@@ -516,7 +518,10 @@ impl Lifecycle {
                 });
             }
         };
-        if let Err(error) = self.init_agent_of(&record, &sandbox, previous_token).await {
+        if let Err(error) = self
+            .init_agent_of(&record, &sandbox, source.agent_token.as_deref())
+            .await
+        {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed init");

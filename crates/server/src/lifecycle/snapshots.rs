@@ -160,6 +160,7 @@ impl Lifecycle {
                 memory_mib: source.memory_mib,
                 disk_mib: source.disk_mib,
                 checkpoint: Some(dir.clone()),
+                agent_token: source.envd_access_token.clone(),
                 counts_as_template_spawn: false,
             },
             Err(error) => {
@@ -187,8 +188,7 @@ impl Lifecycle {
                 ..source.clone()
             };
             let start = &start;
-            let previous = source.envd_access_token.as_deref();
-            async move { self.admit_and_start(record, start, previous).await }
+            async move { self.admit_and_start(record, start).await }
         });
         let outcomes = futures_util::future::join_all(forks).await;
         // Every fork has its own copy of the layer now; the checkpoint is not needed any more.
@@ -236,6 +236,7 @@ impl Lifecycle {
             vcpus: source.vcpus,
             memory_mib: source.memory_mib,
             disk_mib: source.disk_mib,
+            envd_access_token: source.envd_access_token.clone(),
             created_at: now_millis(),
         };
         if let Err(error) = self.store().insert_snapshot(&record).await {

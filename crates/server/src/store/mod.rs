@@ -172,6 +172,8 @@ pub struct SnapshotRecord {
     pub vcpus: f64,
     pub memory_mib: u64,
     pub disk_mib: u64,
+    /// Access token the checkpointed agent holds; a restored copy is re-initialised with it.
+    pub envd_access_token: Option<String>,
     pub created_at: Millis,
 }
 

@@ -42,6 +42,7 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
         vcpus: row.try_get("vcpus")?,
         memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
         disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
+        envd_access_token: row.try_get("envd_access_token")?,
         created_at: row.try_get("created_at")?,
         id,
     })
@@ -51,8 +52,8 @@ pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), 
     let layers = serde_json::to_string(&s.layers).unwrap_or_else(|_| "[]".to_string());
     sqlx::query(
         "INSERT INTO snapshots (id, name, sandbox_id, template_id, layers, dir, size_bytes, \
-         checksum_status, vcpus, memory_mib, disk_mib, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         checksum_status, vcpus, memory_mib, disk_mib, envd_access_token, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&s.id)
     .bind(&s.name)
@@ -65,6 +66,7 @@ pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), 
     .bind(s.vcpus)
     .bind(s.memory_mib as i64)
     .bind(s.disk_mib as i64)
+    .bind(&s.envd_access_token)
     .bind(s.created_at)
     .execute(pool)
     .await?;
