@@ -523,3 +523,73 @@ async fn restart_settles_half_finished_pauses_and_resumes() {
     server.shutdown().await.unwrap();
     drop(keep);
 }
+
+/// A template whose build ended with a checkpoint (start_cmd running, ready_cmd passed) starts by
+/// restoring it; one without starts cold.
+#[tokio::test]
+async fn templates_from_running_state_restore_their_build_checkpoint() {
+    use warren_server::templates::build::versions::{
+        BuiltTemplate, TemplateStart, TemplateVersions,
+    };
+
+    let h = Harness::start(true, |_| {}).await;
+    let lifecycle = h.server.server.lifecycle.clone();
+    let store = lifecycle.store().clone();
+    let base = store.get_template("base").await.unwrap().unwrap();
+    let versions = TemplateVersions::new(h.server.state_dir());
+    let checkpoint = versions
+        .build_dir("wt-running", "b1")
+        .unwrap()
+        .join("checkpoint");
+    // What the build runner leaves: the started template sandbox, checkpointed (and gone).
+    h.runtime.start_untracked("wtbuilder");
+    h.runtime
+        .checkpoint("wtbuilder", &checkpoint, false)
+        .unwrap();
+    versions
+        .save(&BuiltTemplate {
+            template_id: "wt-running".into(),
+            build_id: "b1".into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            layers: base.layers.clone(),
+            layer_keys: Vec::new(),
+            final_key: String::new(),
+            env: Default::default(),
+            user: "user".into(),
+            workdir: "/home/user".into(),
+            start_cmd: Some("python3 -m http.server".into()),
+            ready_cmd: None,
+            cpu_count: None,
+            memory_mb: None,
+            start: TemplateStart::Checkpoint { dir: checkpoint },
+            build_seconds: 1.0,
+            cached_steps: 0,
+            total_steps: 1,
+        })
+        .unwrap();
+    for (id, build_id) in [("wt-running", "b1"), ("wt-cold", "none")] {
+        let mut template = base.clone();
+        template.id = id.to_string();
+        template.aliases = Vec::new();
+        template.build_id = build_id.to_string();
+        store.upsert_template(&template).await.unwrap();
+    }
+
+    let created_before = h.runtime.recorded.lock().unwrap().created.len();
+    let running = h.create(json!({"templateID": "wt-running"})).await;
+    assert_eq!(running["templateID"], "wt-running");
+    let restored = h.runtime.recorded.lock().unwrap().restored.clone();
+    assert_eq!(restored.len(), 1);
+    assert_eq!(restored[0].id, id_of(&running));
+    assert_eq!(restored[0].layers, base.layers);
+
+    let cold = h.create(json!({"templateID": "wt-cold"})).await;
+    let recorded = h.runtime.recorded.lock().unwrap();
+    assert_eq!(
+        recorded.restored.len(),
+        1,
+        "a template without a checkpoint starts cold"
+    );
+    assert_eq!(recorded.created.len(), created_before + 1);
+    assert_eq!(recorded.created.last().unwrap().id, id_of(&cold));
+}
