@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(listen: SocketAddr, root: PathBuf, is_pid1: bool) -> anyhow::Result<()> {
-    let reaper = reaper::Reaper::new();
+    let reaper = reaper::Reaper::global();
     tokio::spawn(reaper.clone().run());
     let agent = state::Agent::new(root.clone(), is_pid1, reaper);
     let app = http_api::router(agent.clone());
