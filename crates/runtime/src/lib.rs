@@ -6,10 +6,51 @@
 //!
 //! Methods are synchronous: they are system calls and short waits. The server calls them from
 //! `tokio::task::spawn_blocking`.
+//!
+//! # The Linux implementation
+//!
+//! [`LinuxRuntime`] starts one `warren-supervisor` process per sandbox (a binary of this crate; see
+//! [`LinuxRuntimeConfig::supervisor_binary`] for how it is found). Module per concern, each with its own
+//! error type: [`namespaces`], [`cgroups`] (v1 and v2 behind one interface), [`rootfs`] (overlayfs over
+//! the template layers plus a loop-mounted ext4 writable layer, pivot_root, /dev, /proc masking),
+//! [`seccomp`], [`capabilities`], [`network`] (bridge, veth, address leases, nftables), [`supervisor`].
+//!
+//! No user namespace: the sandbox's root is the host's uid 0 with Docker's default capability set (minus
+//! CAP_MKNOD), a seccomp deny list, `no_new_privs` and a masked /proc, like a default Docker container.
+//! A user namespace would need id-mapped (or chowned) template layers, cannot mknod the sandbox's own
+//! /dev nodes, and adds the userns to everything CRIU must dump and restore; the isolation tests hold
+//! without it.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::SystemTime;
+
+pub mod capabilities;
+pub mod cgroups;
+pub mod config;
+mod linux_runtime;
+pub mod namespaces;
+pub mod network;
+pub mod process_table;
+pub mod rootfs;
+pub mod sandbox_state;
+pub mod seccomp;
+pub mod supervisor;
+
+pub use config::{ConfigError, LinuxRuntimeConfig};
+pub use linux_runtime::LinuxRuntime;
+
+/// An error and its causes on one line (`outer: cause: root cause`).
+pub(crate) fn supervisor_error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
 
 /// Port on which warren-agent (envd protocol) listens inside every sandbox.
 pub const AGENT_PORT: u16 = 49983;

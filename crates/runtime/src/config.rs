@@ -1,0 +1,119 @@
+//! Settings of the Linux runtime and the checks that the host can run it.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+
+/// Settings of [`crate::LinuxRuntime`]. `Default` gives the documented shared layout.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LinuxRuntimeConfig {
+    /// Root of Warren's state; sandboxes live in `state_dir/sandboxes/<id>/`.
+    pub state_dir: PathBuf,
+    /// The static warren-agent binary, bind-mounted read-only at `/.warren/agent` in every sandbox.
+    pub agent_binary: PathBuf,
+    /// The `warren-supervisor` binary. `None`: `$WARREN_SUPERVISOR`, then next to the running executable
+    /// (and its parent directory, for test binaries in `target/*/deps/`), then `$PATH`.
+    pub supervisor_binary: Option<PathBuf>,
+    /// Host bridge the sandboxes' veths attach to.
+    pub bridge: String,
+    /// The bridge's own address (the sandboxes' gateway); sandboxes get the other addresses of `subnet`.
+    pub gateway: Ipv4Addr,
+    /// Prefix length of the sandbox subnet around `gateway`.
+    pub subnet_prefix: u8,
+    /// Set `no_new_privs` on the sandbox's PID 1. It makes setuid binaries (sudo) inert inside.
+    pub no_new_privs: bool,
+    /// How long `create` waits for the agent's port to accept connections.
+    pub agent_timeout: std::time::Duration,
+}
+
+impl Default for LinuxRuntimeConfig {
+    fn default() -> Self {
+        Self {
+            state_dir: PathBuf::from("/var/lib/warren"),
+            agent_binary: PathBuf::from("/usr/local/lib/warren/warren-agent"),
+            supervisor_binary: None,
+            bridge: "warren0".to_string(),
+            gateway: Ipv4Addr::new(10, 77, 0, 1),
+            subnet_prefix: 16,
+            no_new_privs: true,
+            agent_timeout: std::time::Duration::from_secs(15),
+        }
+    }
+}
+
+/// Why the host cannot run sandboxes.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the Linux runtime must run as root (uid 0); current euid is {0}")]
+    NotRoot(u32),
+    #[error(
+        "overlayfs is not available (not listed in /proc/filesystems; try `modprobe overlay`)"
+    )]
+    NoOverlay,
+    #[error("no usable cgroup hierarchy: {0}")]
+    NoCgroups(String),
+    #[error("agent binary {0} does not exist")]
+    NoAgent(PathBuf),
+    #[error("warren-supervisor binary not found (set WARREN_SUPERVISOR or LinuxRuntimeConfig::supervisor_binary)")]
+    NoSupervisor,
+    #[error("subnet prefix /{0} is not usable (8..=30)")]
+    BadSubnet(u8),
+    #[error("cannot install the sandbox firewall rules (is nftables installed?): {0}")]
+    Firewall(String),
+    #[error("cannot create state directory {path}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub(crate) fn check_root() -> Result<(), ConfigError> {
+    let euid = nix::unistd::geteuid().as_raw();
+    if euid != 0 {
+        return Err(ConfigError::NotRoot(euid));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_overlay() -> Result<(), ConfigError> {
+    let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+    if filesystems
+        .lines()
+        .any(|line| line.split_whitespace().last() == Some("overlay"))
+    {
+        Ok(())
+    } else {
+        Err(ConfigError::NoOverlay)
+    }
+}
+
+/// Finds the supervisor binary as [`LinuxRuntimeConfig::supervisor_binary`] documents.
+pub(crate) fn find_supervisor(configured: Option<&Path>) -> Result<PathBuf, ConfigError> {
+    const NAME: &str = "warren-supervisor";
+    if let Some(path) = configured {
+        return if path.is_file() {
+            Ok(path.to_path_buf())
+        } else {
+            Err(ConfigError::NoSupervisor)
+        };
+    }
+    let mut candidates = Vec::new();
+    if let Some(env) = std::env::var_os("WARREN_SUPERVISOR") {
+        candidates.push(PathBuf::from(env));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        if let Some(dir) = exe.parent() {
+            candidates.push(dir.join(NAME));
+            if let Some(parent) = dir.parent() {
+                candidates.push(parent.join(NAME));
+            }
+        }
+    }
+    if let Some(path) = std::env::var_os("PATH") {
+        candidates.extend(std::env::split_paths(&path).map(|dir| dir.join(NAME)));
+    }
+    candidates
+        .into_iter()
+        .find(|path| path.is_file())
+        .ok_or(ConfigError::NoSupervisor)
+}

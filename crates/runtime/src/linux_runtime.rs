@@ -1,0 +1,619 @@
+//! [`LinuxRuntime`]: the [`Runtime`] on Linux namespaces, cgroups, overlayfs and seccomp.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
+use crate::config::{self, ConfigError, LinuxRuntimeConfig};
+use crate::network::addresses::AddressPool;
+use crate::network::netlink::{self, Netlink};
+use crate::network::{self, firewall, NetworkPlan};
+use crate::process_table::{self, CPU_SAMPLE_WINDOW};
+use crate::rootfs::{commit, sandbox_mounts, LayerDisk};
+use crate::sandbox_state::{now_unix_ms, SandboxRecord};
+use crate::supervisor::{self, SupervisorConfig};
+use crate::{
+    namespaces, Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState,
+    Sandbox, SandboxSpec, Stats, AGENT_PORT,
+};
+
+/// Sandboxes younger than this without a state record are still being created; `list` leaves them be.
+const CREATE_GRACE: Duration = Duration::from_secs(120);
+
+/// Samples older than this are not used for CPU % (a fresh window is taken instead).
+const SAMPLE_MAX_AGE: Duration = Duration::from_secs(30);
+
+/// CPU ticks per host PID at one instant.
+type ProcessSample = (Instant, HashMap<u32, u64>);
+
+pub struct LinuxRuntime {
+    config: LinuxRuntimeConfig,
+    supervisor_binary: PathBuf,
+    cgroups: Cgroups,
+    addresses: AddressPool,
+    /// Last CPU sample per sandbox (cgroup usage) and per process, for CPU % between calls.
+    cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
+    process_samples: Mutex<HashMap<String, ProcessSample>>,
+}
+
+fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
+    let context = context.into();
+    move |source| RuntimeError::Io { context, source }
+}
+
+fn other(error: impl std::error::Error) -> RuntimeError {
+    RuntimeError::Other(crate::supervisor_error_chain(&error))
+}
+
+impl LinuxRuntime {
+    /// Checks the host (root, overlayfs, cgroups, binaries, nftables) and prepares the state directory.
+    pub fn new(config: LinuxRuntimeConfig) -> Result<Self, ConfigError> {
+        config::check_root()?;
+        config::check_overlay()?;
+        let cgroups = Cgroups::detect()
+            .map_err(|e| ConfigError::NoCgroups(crate::supervisor_error_chain(&e)))?;
+        if !config.agent_binary.is_file() {
+            return Err(ConfigError::NoAgent(config.agent_binary.clone()));
+        }
+        let supervisor_binary = config::find_supervisor(config.supervisor_binary.as_deref())?;
+        if !(8..=30).contains(&config.subnet_prefix) {
+            return Err(ConfigError::BadSubnet(config.subnet_prefix));
+        }
+        let sandboxes = config.state_dir.join("sandboxes");
+        std::fs::create_dir_all(&sandboxes).map_err(|source| ConfigError::StateDir {
+            path: sandboxes.clone(),
+            source,
+        })?;
+        firewall::ensure_ruleset(
+            &config.bridge,
+            &subnet_cidr(config.gateway, config.subnet_prefix),
+        )
+        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        let addresses = AddressPool::new(&config.state_dir, config.gateway, config.subnet_prefix);
+        Ok(Self {
+            config,
+            supervisor_binary,
+            cgroups,
+            addresses,
+            cpu_samples: Mutex::new(HashMap::new()),
+            process_samples: Mutex::new(HashMap::new()),
+        })
+    }
+
+    pub fn config(&self) -> &LinuxRuntimeConfig {
+        &self.config
+    }
+
+    pub fn sandbox_dir(&self, id: &str) -> PathBuf {
+        self.config.state_dir.join("sandboxes").join(id)
+    }
+
+    fn record(&self, id: &str) -> Result<SandboxRecord, RuntimeError> {
+        validate_id(id)?;
+        SandboxRecord::read(&self.sandbox_dir(id))
+            .map_err(other)?
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))
+    }
+
+    /// The record of a sandbox whose init is alive.
+    fn live_record(&self, id: &str) -> Result<SandboxRecord, RuntimeError> {
+        let record = self.record(id)?;
+        if !record.init_alive() {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        Ok(record)
+    }
+
+    fn cgroup(&self, id: &str) -> SandboxCgroup {
+        self.cgroups.sandbox(id)
+    }
+
+    fn sandbox_of(&self, record: &SandboxRecord) -> Sandbox {
+        let frozen = self.cgroup(&record.id).is_frozen().unwrap_or(false);
+        Sandbox {
+            id: record.id.clone(),
+            ip: record.ip,
+            init_pid: record.init_pid,
+            state: if frozen {
+                RuntimeState::Frozen
+            } else {
+                RuntimeState::Running
+            },
+            created_at: record.created_at(),
+        }
+    }
+
+    /// Leases an address whose veth name is not in use on the host (another runtime with its own state
+    /// dir may share the bridge).
+    fn allocate_ip(&self, id: &str) -> Result<Ipv4Addr, RuntimeError> {
+        let mut skipped = Vec::new();
+        let result = loop {
+            let ip = self.addresses.allocate(id).map_err(other)?;
+            if !network::host_link_exists(&network::veth_name("wv", ip)) {
+                break Ok(ip);
+            }
+            skipped.push(ip);
+            if skipped.len() > 256 {
+                break Err(RuntimeError::Other(
+                    "no free sandbox address: veth names taken".into(),
+                ));
+            }
+        };
+        for ip in skipped {
+            let _ = self.addresses.release(ip, id);
+        }
+        result
+    }
+
+    fn create_inner(&self, spec: &SandboxSpec, dir: &Path) -> Result<Sandbox, RuntimeError> {
+        let ip = self.allocate_ip(&spec.id)?;
+        let cgroup = self
+            .cgroups
+            .create(&spec.id, &spec.resources)
+            .map_err(other)?;
+        let disk = LayerDisk::at(dir);
+        disk.create(spec.resources.disk_mib).map_err(other)?;
+        disk.seed(&spec.id, ip).map_err(other)?;
+        let rootfs = dir.join("rootfs");
+        std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
+        firewall::apply_egress(ip, &spec.network).map_err(other)?;
+        let overlay_options =
+            sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
+                .map_err(other)?;
+        let supervisor_config = SupervisorConfig {
+            id: spec.id.clone(),
+            sandbox_dir: dir.to_path_buf(),
+            rootfs,
+            overlay_options,
+            agent_binary: self.config.agent_binary.clone(),
+            cgroup_procs: cgroup.procs_files(),
+            netns_pin: dir.join("netns"),
+            network: NetworkPlan {
+                bridge: self.config.bridge.clone(),
+                gateway: self.config.gateway,
+                prefix: self.config.subnet_prefix,
+                ip,
+            },
+            no_new_privs: self.config.no_new_privs,
+        };
+        let config_path = supervisor_config.write().map_err(other)?;
+        let launched = supervisor::launch(
+            &self.supervisor_binary,
+            &config_path,
+            &dir.join("supervisor.log"),
+            self.config.agent_timeout,
+        )
+        .map_err(other)?;
+        let record = SandboxRecord {
+            id: spec.id.clone(),
+            ip,
+            init_pid: launched.init_pid,
+            init_start_ticks: process_table::start_ticks(launched.init_pid).unwrap_or(0),
+            supervisor_pid: launched.supervisor_pid,
+            created_at_unix_ms: now_unix_ms(),
+            layers: spec.layers.clone(),
+            disk_mib: spec.resources.disk_mib,
+            allow_internet: spec.network.allow_internet,
+        };
+        record.write(dir).map_err(other)?;
+        self.wait_for_agent(&record, &disk)?;
+        Ok(self.sandbox_of(&record))
+    }
+
+    /// Waits until the agent accepts TCP connections, or fails with the tail of its log.
+    fn wait_for_agent(&self, record: &SandboxRecord, disk: &LayerDisk) -> Result<(), RuntimeError> {
+        let addr = SocketAddr::from((record.ip, AGENT_PORT));
+        let deadline = Instant::now() + self.config.agent_timeout;
+        let mut pause = Duration::from_micros(500);
+        loop {
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(());
+            }
+            let gone = !record.init_alive();
+            if gone || Instant::now() > deadline {
+                let log = std::fs::read_to_string(disk.upper().join(".warren/agent.log"))
+                    .unwrap_or_default();
+                let tail: String = log
+                    .lines()
+                    .rev()
+                    .take(10)
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                let what = if gone {
+                    "exited"
+                } else {
+                    "did not accept connections in time"
+                };
+                return Err(RuntimeError::Other(format!(
+                    "agent of sandbox {} {what} ({addr}); agent log: {tail}",
+                    record.id
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    /// Removes everything of sandbox `id` that exists, in reverse order of creation. Idempotent.
+    fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
+        let dir = self.sandbox_dir(id);
+        let record = SandboxRecord::read(&dir).ok().flatten();
+        let cgroup = self.cgroup(id);
+        if let Some(record) = &record {
+            if record.init_alive() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(record.init_pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        cgroup.kill_all().map_err(other)?;
+        if let Some(record) = &record {
+            wait_supervisor_exit(record.supervisor_pid);
+        }
+        let leases = self.addresses.leases_of(id);
+        for ip in &leases {
+            firewall::remove_egress(*ip).map_err(other)?;
+            delete_host_link(&network::veth_name("wv", *ip))?;
+        }
+        namespaces::remove_pinned_netns(&dir.join("netns")).map_err(other)?;
+        LayerDisk::at(&dir).unmount().map_err(other)?;
+        cgroup.remove().map_err(other)?;
+        for ip in leases {
+            self.addresses.release(ip, id).map_err(other)?;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_error(format!("remove {}", dir.display()))(e)),
+        }
+        if let Ok(mut samples) = self.cpu_samples.lock() {
+            samples.remove(id);
+        }
+        if let Ok(mut samples) = self.process_samples.lock() {
+            samples.remove(id);
+        }
+        Ok(())
+    }
+
+    /// Sandbox IDs present in the state dir or as cgroups.
+    fn known_ids(&self) -> Vec<String> {
+        let mut ids = self.cgroups.list_ids();
+        let sandboxes = self.config.state_dir.join("sandboxes");
+        for entry in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
+            if let Ok(name) = entry.file_name().into_string() {
+                ids.push(name);
+            }
+        }
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
+    fn cpu_percent(&self, id: &str, usage_usec: u64) -> f64 {
+        let now = Instant::now();
+        let earlier = self
+            .cpu_samples
+            .lock()
+            .ok()
+            .and_then(|s| s.get(id).copied());
+        let (then, before) = match earlier {
+            Some((then, before))
+                if now - then >= Duration::from_millis(50) && now - then < SAMPLE_MAX_AGE =>
+            {
+                (then, before)
+            }
+            _ => {
+                std::thread::sleep(CPU_SAMPLE_WINDOW);
+                let before = usage_usec;
+                let after = self.cgroup(id).cpu_usage_usec().unwrap_or(before);
+                if let Ok(mut samples) = self.cpu_samples.lock() {
+                    samples.insert(id.to_string(), (Instant::now(), after));
+                }
+                return (after.saturating_sub(before)) as f64
+                    / CPU_SAMPLE_WINDOW.as_micros() as f64
+                    * 100.0;
+            }
+        };
+        if let Ok(mut samples) = self.cpu_samples.lock() {
+            samples.insert(id.to_string(), (now, usage_usec));
+        }
+        usage_usec.saturating_sub(before) as f64 / (now - then).as_micros().max(1) as f64 * 100.0
+    }
+
+    /// Host PID of the process the sandbox calls `pid`.
+    fn host_pid_of(&self, id: &str, pid: u32) -> Result<u32, RuntimeError> {
+        let host_pids = self.cgroup(id).pids().map_err(other)?;
+        host_pids
+            .into_iter()
+            .find(|host| {
+                process_table::read_host_process(*host).is_some_and(|p| p.sandbox_pid == pid)
+            })
+            .ok_or_else(|| RuntimeError::Other(format!("no process {pid} in sandbox {id}")))
+    }
+}
+
+fn subnet_cidr(gateway: Ipv4Addr, prefix: u8) -> String {
+    let mask = u32::MAX << (32 - u32::from(prefix));
+    format!("{}/{prefix}", Ipv4Addr::from(u32::from(gateway) & mask))
+}
+
+/// IDs become hostnames, directory and cgroup names: keep them to a safe alphabet.
+fn validate_id(id: &str) -> Result<(), RuntimeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.')
+        && !id.starts_with(['.', '-']);
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::Other(format!(
+            "invalid sandbox id {id:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.' or '-'"
+        )))
+    }
+}
+
+fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+    validate_id(&spec.id)?;
+    if spec.layers.is_empty() {
+        return Err(RuntimeError::Other(
+            "a sandbox needs at least one rootfs layer".into(),
+        ));
+    }
+    for layer in &spec.layers {
+        if !layer.is_dir() {
+            return Err(RuntimeError::Other(format!(
+                "rootfs layer {} is not a directory",
+                layer.display()
+            )));
+        }
+    }
+    let r = &spec.resources;
+    if !r.vcpus.is_finite() || r.vcpus < 0.0 {
+        return Err(RuntimeError::Other(format!("invalid vcpus {}", r.vcpus)));
+    }
+    if r.memory_mib < 16 {
+        return Err(RuntimeError::Other(format!(
+            "memory_mib {} is below the 16 MiB minimum",
+            r.memory_mib
+        )));
+    }
+    if r.disk_mib < 16 {
+        return Err(RuntimeError::Other(format!(
+            "disk_mib {} is below the 16 MiB minimum",
+            r.disk_mib
+        )));
+    }
+    Ok(())
+}
+
+/// Deletes a host link through netlink, on a thread of its own (the caller may be inside a tokio runtime).
+fn delete_host_link(name: &str) -> Result<(), RuntimeError> {
+    if !network::host_link_exists(name) {
+        return Ok(());
+    }
+    let name = name.to_string();
+    std::thread::spawn(move || netlink::run(async { Netlink::connect()?.delete_link(&name).await }))
+        .join()
+        .map_err(|_| RuntimeError::Other("netlink thread panicked".into()))?
+        .map_err(other)
+}
+
+/// Waits (bounded) for a sandbox's supervisor to exit after its init died.
+fn wait_supervisor_exit(pid: u32) {
+    let is_supervisor = || {
+        std::fs::read(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|cmd| String::from_utf8_lossy(&cmd).contains("warren-supervisor"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while is_supervisor() && Instant::now() < deadline {
+        // A zombie supervisor (reparented to an init that reaps late) holds nothing.
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if state
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z'))
+        {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+impl Runtime for LinuxRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cgroup_version: match self.cgroups.version() {
+                CgroupVersion::V1 => 1,
+                CgroupVersion::V2 => 2,
+            },
+            checkpoint: false,
+        }
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        validate_spec(spec)?;
+        let dir = self.sandbox_dir(&spec.id);
+        if self.cgroup(&spec.id).exists() {
+            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
+        }
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::AlreadyExists(spec.id.clone()))
+            }
+            Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
+        }
+        match self.create_inner(spec, &dir) {
+            Ok(sandbox) => Ok(sandbox),
+            Err(error) => {
+                if let Err(cleanup) = self.teardown(&spec.id) {
+                    tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed create");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        if !self.sandbox_dir(id).exists() && !self.cgroup(id).exists() {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        self.teardown(id)
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        self.live_record(id)?;
+        self.cgroup(id).freeze().map_err(other)
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        self.live_record(id)?;
+        self.cgroup(id).thaw().map_err(other)
+    }
+
+    fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
+        let record = self.live_record(id)?;
+        let cgroup = self.cgroup(id);
+        let cpu_usage_usec = cgroup.cpu_usage_usec().map_err(other)?;
+        let (memory_bytes, memory_limit_bytes) = cgroup.memory().map_err(other)?;
+        let (disk_used_bytes, disk_limit_bytes) = LayerDisk::at(&self.sandbox_dir(id))
+            .usage()
+            .unwrap_or((0, record.disk_mib * 1024 * 1024));
+        let cpu_percent = self.cpu_percent(id, cpu_usage_usec);
+        Ok(Stats {
+            cpu_usage_usec,
+            cpu_percent,
+            memory_bytes,
+            memory_limit_bytes,
+            disk_used_bytes,
+            disk_limit_bytes,
+            pids: cgroup.pids_current().map_err(other)?,
+        })
+    }
+
+    fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
+        let record = self.live_record(id)?;
+        let host_pids = self.cgroup(id).pids().map_err(other)?;
+        let now = Instant::now();
+        let earlier = self
+            .process_samples
+            .lock()
+            .ok()
+            .and_then(|mut s| s.remove(id));
+        let (then, before) = match earlier {
+            Some((then, before))
+                if now - then >= Duration::from_millis(50) && now - then < SAMPLE_MAX_AGE =>
+            {
+                (then, before)
+            }
+            _ => {
+                let (then, before) = process_table::cpu_sample(&host_pids);
+                std::thread::sleep(CPU_SAMPLE_WINDOW);
+                (then, before)
+            }
+        };
+        let (list, sample) =
+            process_table::process_list(&host_pids, record.init_pid, &before, then.elapsed());
+        if let Ok(mut samples) = self.process_samples.lock() {
+            samples.insert(id.to_string(), (Instant::now(), sample));
+        }
+        Ok(list)
+    }
+
+    fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError> {
+        self.live_record(id)?;
+        let signal = nix::sys::signal::Signal::try_from(signal)
+            .map_err(|_| RuntimeError::Other(format!("invalid signal number {signal}")))?;
+        let host_pid = self.host_pid_of(id, pid)?;
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(host_pid as i32), signal)
+            .map_err(|e| RuntimeError::Other(format!("kill process {pid} in sandbox {id}: {e}")))
+    }
+
+    fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        let mut sandboxes = Vec::new();
+        for id in self.known_ids() {
+            if validate_id(&id).is_err() {
+                continue;
+            }
+            let dir = self.sandbox_dir(&id);
+            match SandboxRecord::read(&dir) {
+                Ok(Some(record)) if record.init_alive() => sandboxes.push(self.sandbox_of(&record)),
+                Ok(None)
+                    if dir
+                        .metadata()
+                        .and_then(|m| m.modified())
+                        .is_ok_and(|t| t.elapsed().unwrap_or_default() < CREATE_GRACE) => {}
+                // Dead init, a leftover cgroup, a corrupt record: nothing runs there; reclaim what is left.
+                _ => {
+                    if let Err(error) = self.teardown(&id) {
+                        tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
+                    }
+                }
+            }
+        }
+        Ok(sandboxes)
+    }
+
+    fn checkpoint(
+        &self,
+        id: &str,
+        _dest: &Path,
+        _leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        self.live_record(id)?;
+        Err(RuntimeError::Unsupported(
+            "checkpoint needs CRIU, which this runtime does not use yet (pause = freeze)".into(),
+        ))
+    }
+
+    fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
+        self.live_record(id)?;
+        let cgroup = self.cgroup(id);
+        let was_frozen = cgroup.is_frozen().map_err(other)?;
+        if !was_frozen {
+            cgroup.freeze().map_err(other)?;
+        }
+        let disk = LayerDisk::at(&self.sandbox_dir(id));
+        nix::unistd::sync();
+        let result = commit::commit_upper(&disk.upper(), dest).map_err(other);
+        if !was_frozen {
+            cgroup.thaw().map_err(other)?;
+        }
+        result
+    }
+
+    fn restore(&self, _checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        validate_spec(spec)?;
+        Err(RuntimeError::Unsupported(
+            "restore needs CRIU, which this runtime does not use yet".into(),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(validate_id("sbx-1_a.b").is_ok());
+        for bad in ["", ".x", "-x", "a/b", "a b", &"x".repeat(64)] {
+            assert!(validate_id(bad).is_err(), "{bad:?} must be refused");
+        }
+    }
+
+    #[test]
+    fn subnet_is_the_network_address() {
+        assert_eq!(subnet_cidr(Ipv4Addr::new(10, 77, 0, 1), 16), "10.77.0.0/16");
+    }
+}

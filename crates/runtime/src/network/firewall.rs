@@ -1,0 +1,150 @@
+//! nftables rules of the sandbox network, in table `ip warren` and `bridge warren`:
+//! - sandboxes cannot reach each other (bridge-level drop between sandbox ports `wv-*`);
+//! - sandboxes cannot open connections to the host (only replies to the host's own connections pass);
+//! - traffic leaving the bridge is forwarded and masqueraded only for addresses in set `internet`
+//!   (sandboxes created with `allow_internet`);
+//! - chain `egress` is jumped to for every forwarded sandbox packet before it is accepted: the hook where
+//!   per-sandbox egress allow/deny rules go ([`apply_egress`]).
+//!
+//! Rules are loaded with `nft -f -` (nftables has no stable netlink crate; the rules are installed once
+//! per host and touched per sandbox only when internet access is granted).
+
+use std::io::Write;
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+
+use crate::NetworkSpec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FirewallError {
+    #[error("run nft")]
+    Spawn(#[source] std::io::Error),
+    #[error("nft {what} failed: {stderr}")]
+    Nft { what: String, stderr: String },
+    #[error("enable IPv4 forwarding")]
+    Forwarding(#[source] std::io::Error),
+}
+
+pub const TABLE: &str = "warren";
+
+fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(FirewallError::Spawn)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(script.as_bytes())
+            .map_err(FirewallError::Spawn)?;
+    }
+    let output = child.wait_with_output().map_err(FirewallError::Spawn)?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(FirewallError::Nft {
+            what: what.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
+    }
+}
+
+fn table_exists(family: &str) -> bool {
+    Command::new("nft")
+        .args(["list", "table", family, TABLE])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The host-wide ruleset for `bridge` and `subnet`.
+pub fn ruleset(bridge: &str, subnet: &str) -> String {
+    format!(
+        r#"table ip {TABLE} {{
+    set internet {{ type ipv4_addr; }}
+    chain egress {{
+    }}
+    chain forward {{
+        type filter hook forward priority filter; policy accept;
+        iifname "{bridge}" oifname "{bridge}" drop
+        iifname "{bridge}" ip saddr != @internet drop
+        iifname "{bridge}" jump egress
+        iifname "{bridge}" ip saddr {subnet} accept
+        iifname "{bridge}" drop
+        oifname "{bridge}" ct state established,related accept
+        oifname "{bridge}" drop
+    }}
+    chain input {{
+        type filter hook input priority filter; policy accept;
+        iifname "{bridge}" ct state established,related accept
+        iifname "{bridge}" drop
+    }}
+    chain postrouting {{
+        type nat hook postrouting priority srcnat; policy accept;
+        ip saddr @internet oifname != "{bridge}" masquerade
+    }}
+}}
+table bridge {TABLE} {{
+    chain forward {{
+        type filter hook forward priority filter; policy accept;
+        iifname "wv-*" oifname "wv-*" drop
+    }}
+}}
+"#
+    )
+}
+
+/// Installs the ruleset unless it is there already (it is shared by all sandboxes of the host).
+pub fn ensure_ruleset(bridge: &str, subnet: &str) -> Result<(), FirewallError> {
+    if table_exists("ip") && table_exists("bridge") {
+        return Ok(());
+    }
+    let reset = format!(
+        "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
+    );
+    nft(
+        "install the sandbox ruleset",
+        &(reset + &ruleset(bridge, subnet)),
+    )
+}
+
+/// Grants or withholds internet access for `ip` and applies its egress rules.
+pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<(), FirewallError> {
+    if spec.allow_internet {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
+        nft(
+            "allow internet",
+            &format!("add element ip {TABLE} internet {{ {ip} }}\n"),
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes every rule that names `ip`.
+pub fn remove_egress(ip: Ipv4Addr) -> Result<(), FirewallError> {
+    if !table_exists("ip") {
+        return Ok(());
+    }
+    // Absent elements make nft fail; that is the common case for sandboxes without internet.
+    let _ = nft(
+        "withdraw internet",
+        &format!("delete element ip {TABLE} internet {{ {ip} }}\n"),
+    );
+    Ok(())
+}
+
+/// Whether `ip` is currently allowed out.
+pub fn internet_allowed(ip: Ipv4Addr) -> bool {
+    let Ok(output) = Command::new("nft")
+        .args(["list", "set", "ip", TABLE, "internet"])
+        .output()
+    else {
+        return false;
+    };
+    let text = String::from_utf8_lossy(&output.stdout);
+    text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .any(|word| word == ip.to_string())
+}

@@ -1,0 +1,67 @@
+//! Sandbox networking: a host bridge (created on demand), one veth pair per sandbox with its peer in the
+//! sandbox's network namespace as `eth0`, addresses leased from the bridge subnet, nftables isolation
+//! and NAT.
+
+pub mod addresses;
+pub mod firewall;
+pub mod netlink;
+
+use std::net::Ipv4Addr;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything the supervisor needs to wire one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetworkPlan {
+    pub bridge: String,
+    pub gateway: Ipv4Addr,
+    pub prefix: u8,
+    pub ip: Ipv4Addr,
+}
+
+impl NetworkPlan {
+    /// Host-side veth name, derived from the address so it is unique on the host and findable: `wv-X-Y`
+    /// for 10.77.X.Y (at most 10 bytes, under IFNAMSIZ).
+    pub fn host_veth(&self) -> String {
+        veth_name("wv", self.ip)
+    }
+
+    /// Sandbox-side name until it is renamed to eth0 inside.
+    pub fn peer_veth(&self) -> String {
+        veth_name("wp", self.ip)
+    }
+}
+
+pub fn veth_name(prefix: &str, ip: Ipv4Addr) -> String {
+    let octets = ip.octets();
+    format!("{prefix}-{}-{}", octets[2], octets[3])
+}
+
+/// Whether a link called `name` exists in the host's network namespace.
+pub fn host_link_exists(name: &str) -> bool {
+    std::path::Path::new("/sys/class/net").join(name).exists()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn veth_names_fit_ifnamsiz() {
+        let plan = NetworkPlan {
+            bridge: "warren0".into(),
+            gateway: Ipv4Addr::new(10, 77, 0, 1),
+            prefix: 16,
+            ip: Ipv4Addr::new(10, 77, 255, 254),
+        };
+        assert_eq!(plan.host_veth(), "wv-255-254");
+        assert!(plan.peer_veth().len() < 16);
+    }
+
+    #[test]
+    fn ruleset_names_the_bridge() {
+        let rules = firewall::ruleset("warren0", "10.77.0.0/16");
+        assert!(rules.contains("iifname \"warren0\" jump egress"));
+        assert!(rules.contains("masquerade"));
+    }
+}

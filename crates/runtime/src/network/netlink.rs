@@ -1,0 +1,249 @@
+//! rtnetlink operations: the host bridge, the veth pair, moving the peer into the sandbox's network
+//! namespace and configuring it there. A netlink socket talks to the network namespace of the thread
+//! that opened it, so each [`Netlink`] belongs to one namespace.
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::RawFd;
+
+use futures::TryStreamExt;
+
+#[derive(Debug, thiserror::Error)]
+pub enum NetlinkError {
+    #[error("open netlink socket")]
+    Socket(#[source] std::io::Error),
+    #[error("start netlink runtime")]
+    Runtime(#[source] std::io::Error),
+    #[error("{what}")]
+    Request {
+        what: String,
+        #[source]
+        source: Box<rtnetlink::Error>,
+    },
+    #[error("link {0} not found")]
+    NoLink(String),
+}
+
+fn errno(error: &rtnetlink::Error) -> i32 {
+    match error {
+        rtnetlink::Error::NetlinkError(message) => -message.raw_code(),
+        _ => 0,
+    }
+}
+
+/// Runs `work` on a current-thread tokio runtime (the caller's thread, so its network namespace).
+pub fn run<T>(
+    work: impl std::future::Future<Output = Result<T, NetlinkError>>,
+) -> Result<T, NetlinkError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .build()
+        .map_err(NetlinkError::Runtime)?;
+    runtime.block_on(work)
+}
+
+/// A netlink connection in the current thread's network namespace. Must be made inside [`run`].
+pub struct Netlink {
+    handle: rtnetlink::Handle,
+}
+
+impl Netlink {
+    pub fn connect() -> Result<Self, NetlinkError> {
+        let (connection, handle, _) = rtnetlink::new_connection().map_err(NetlinkError::Socket)?;
+        tokio::spawn(connection);
+        Ok(Self { handle })
+    }
+
+    fn request(what: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetlinkError {
+        let what = what.into();
+        move |source| NetlinkError::Request {
+            what,
+            source: Box::new(source),
+        }
+    }
+
+    /// Index of link `name`, or None when there is none.
+    pub async fn link_index(&self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match links.try_next().await {
+            Ok(Some(link)) => Ok(Some(link.header.index)),
+            Ok(None) => Ok(None),
+            Err(e) if errno(&e) == libc::ENODEV => Ok(None),
+            Err(e) => Err(Self::request(format!("look up link {name}"))(e)),
+        }
+    }
+
+    async fn require_index(&self, name: &str) -> Result<u32, NetlinkError> {
+        self.link_index(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoLink(name.to_string()))
+    }
+
+    /// Creates bridge `name` with `address/prefix` and brings it up, unless it exists (then makes sure it
+    /// has the address and is up). Returns its index.
+    pub async fn ensure_bridge(
+        &self,
+        name: &str,
+        address: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<u32, NetlinkError> {
+        if self.link_index(name).await?.is_none() {
+            match self
+                .handle
+                .link()
+                .add()
+                .bridge(name.to_string())
+                .execute()
+                .await
+            {
+                Ok(()) => {}
+                // Another supervisor made it first.
+                Err(e) if errno(&e) == libc::EEXIST => {}
+                Err(e) => return Err(Self::request(format!("create bridge {name}"))(e)),
+            }
+        }
+        let index = self.require_index(name).await?;
+        match self
+            .handle
+            .address()
+            .add(index, IpAddr::V4(address), prefix)
+            .execute()
+            .await
+        {
+            Ok(()) => {}
+            Err(e) if errno(&e) == libc::EEXIST => {}
+            Err(e) => {
+                return Err(Self::request(format!("add {address}/{prefix} to {name}"))(
+                    e,
+                ))
+            }
+        }
+        self.set_up(index, name).await?;
+        Ok(index)
+    }
+
+    pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
+        self.handle
+            .link()
+            .set(index)
+            .up()
+            .execute()
+            .await
+            .map_err(Self::request(format!("set {name} up")))
+    }
+
+    /// Creates the veth pair `host`/`peer`, attaches `host` to bridge `bridge_index` and brings it up.
+    pub async fn create_veth(
+        &self,
+        host: &str,
+        peer: &str,
+        bridge_index: u32,
+    ) -> Result<u32, NetlinkError> {
+        self.handle
+            .link()
+            .add()
+            .veth(host.to_string(), peer.to_string())
+            .execute()
+            .await
+            .map_err(Self::request(format!("create veth {host}")))?;
+        let index = self.require_index(host).await?;
+        self.handle
+            .link()
+            .set(index)
+            .controller(bridge_index)
+            .execute()
+            .await
+            .map_err(Self::request(format!("attach {host} to the bridge")))?;
+        self.set_up(index, host).await?;
+        Ok(index)
+    }
+
+    /// Moves link `name` into the network namespace open at `netns_fd`.
+    pub async fn move_to_netns(&self, name: &str, netns_fd: RawFd) -> Result<(), NetlinkError> {
+        let index = self.require_index(name).await?;
+        self.handle
+            .link()
+            .set(index)
+            .setns_by_fd(netns_fd)
+            .execute()
+            .await
+            .map_err(Self::request(format!(
+                "move {name} into the sandbox network namespace"
+            )))
+    }
+
+    /// Inside the sandbox's namespace: renames `peer` to `eth0`, gives it `address/prefix`, brings it and
+    /// `lo` up and routes everything through `gateway`.
+    pub async fn configure_sandbox_side(
+        &self,
+        peer: &str,
+        address: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_index(peer).await?;
+        self.handle
+            .link()
+            .set(index)
+            .name("eth0".to_string())
+            .execute()
+            .await
+            .map_err(Self::request("rename the sandbox veth to eth0"))?;
+        self.handle
+            .address()
+            .add(index, IpAddr::V4(address), prefix)
+            .execute()
+            .await
+            .map_err(Self::request(format!("add {address}/{prefix} to eth0")))?;
+        self.set_up(index, "eth0").await?;
+        let lo = self.require_index("lo").await?;
+        self.set_up(lo, "lo").await?;
+        self.handle
+            .route()
+            .add()
+            .v4()
+            .gateway(gateway)
+            .execute()
+            .await
+            .map_err(Self::request(format!("add default route via {gateway}")))?;
+        Ok(())
+    }
+
+    /// Deletes link `name` if it exists (a veth: its peer goes with it).
+    pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
+        let Some(index) = self.link_index(name).await? else {
+            return Ok(());
+        };
+        match self.handle.link().del(index).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == libc::ENODEV => Ok(()),
+            Err(e) => Err(Self::request(format!("delete link {name}"))(e)),
+        }
+    }
+
+    /// Names of all links in this namespace.
+    pub async fn link_names(&self) -> Result<Vec<String>, NetlinkError> {
+        use netlink_packet_route::link::LinkAttribute;
+        let links: Vec<_> = self
+            .handle
+            .link()
+            .get()
+            .execute()
+            .try_collect()
+            .await
+            .map_err(Self::request("list links"))?;
+        Ok(links
+            .into_iter()
+            .filter_map(|link| {
+                link.attributes.into_iter().find_map(|attr| match attr {
+                    LinkAttribute::IfName(name) => Some(name),
+                    _ => None,
+                })
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,218 @@
+//! The sandbox's writable layer: a sparse ext4 image of `disk_mib`, loop-mounted on the host at
+//! `sandboxes/<id>/disk`, holding the overlay `upper/` and `work/` dirs. Writes past the size end in
+//! ENOSPC inside the sandbox and touch nothing else; the image survives the sandbox's processes (CRIU can
+//! dump and restore the layer as files).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+
+use super::loop_device;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LayerDiskError {
+    #[error("create disk image {path}")]
+    Image {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("mkfs.ext4 on {path} failed: {message}")]
+    Mkfs { path: PathBuf, message: String },
+    #[error(transparent)]
+    Loop(#[from] loop_device::LoopError),
+    #[error("mount {device} on {target}")]
+    Mount {
+        device: PathBuf,
+        target: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("unmount {target}")]
+    Unmount {
+        target: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("prepare {path}")]
+    Seed {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Paths of one sandbox's writable layer.
+#[derive(Debug, Clone)]
+pub struct LayerDisk {
+    pub image: PathBuf,
+    pub mount_point: PathBuf,
+}
+
+impl LayerDisk {
+    pub fn at(sandbox_dir: &Path) -> Self {
+        Self {
+            image: sandbox_dir.join("disk.img"),
+            mount_point: sandbox_dir.join("disk"),
+        }
+    }
+
+    pub fn upper(&self) -> PathBuf {
+        self.mount_point.join("upper")
+    }
+
+    pub fn work(&self) -> PathBuf {
+        self.mount_point.join("work")
+    }
+
+    /// Creates, formats and mounts the image, then makes `upper/` and `work/`.
+    pub fn create(&self, size_mib: u64) -> Result<(), LayerDiskError> {
+        let image_err = |source| LayerDiskError::Image {
+            path: self.image.clone(),
+            source,
+        };
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&self.image)
+            .map_err(image_err)?;
+        file.set_len(size_mib.saturating_mul(1024 * 1024))
+            .map_err(image_err)?;
+        drop(file);
+        // No journal (a throwaway layer; CRIU copies files, not the journal), no reserved blocks, lazy
+        // inode tables: formatting a sparse image then takes a few milliseconds.
+        let output = Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-E",
+                "lazy_itable_init=1,nodiscard",
+            ])
+            .arg(&self.image)
+            .output()
+            .map_err(|source| LayerDiskError::Mkfs {
+                path: self.image.clone(),
+                message: source.to_string(),
+            })?;
+        if !output.status.success() {
+            return Err(LayerDiskError::Mkfs {
+                path: self.image.clone(),
+                message: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        self.mount()?;
+        for dir in [self.upper(), self.work()] {
+            std::fs::create_dir(&dir).map_err(|source| LayerDiskError::Seed {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Loop-mounts the existing image at the mount point (also used to re-attach after a restore).
+    pub fn mount(&self) -> Result<(), LayerDiskError> {
+        std::fs::create_dir_all(&self.mount_point).map_err(|source| LayerDiskError::Seed {
+            path: self.mount_point.clone(),
+            source,
+        })?;
+        let device = loop_device::attach(&self.image)?;
+        mount(
+            Some(&device.path),
+            &self.mount_point,
+            Some("ext4"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NOATIME,
+            None::<&str>,
+        )
+        .map_err(|source| LayerDiskError::Mount {
+            device: device.path.clone(),
+            target: self.mount_point.clone(),
+            source,
+        })?;
+        // The mount now holds the device; our handle can go (autoclear detaches it after the unmount).
+        drop(device);
+        Ok(())
+    }
+
+    pub fn is_mounted(&self) -> bool {
+        is_mount_point(&self.mount_point)
+    }
+
+    /// Unmounts the layer; the loop device detaches itself.
+    pub fn unmount(&self) -> Result<(), LayerDiskError> {
+        if !self.is_mounted() {
+            return Ok(());
+        }
+        // A sandbox mount namespace that is just going away can still hold the mount for a moment.
+        for _ in 0..200 {
+            match umount2(&self.mount_point, MntFlags::empty()) {
+                Ok(()) => return Ok(()),
+                Err(nix::Error::EBUSY) => std::thread::sleep(std::time::Duration::from_millis(5)),
+                Err(nix::Error::EINVAL) => return Ok(()),
+                Err(source) => {
+                    return Err(LayerDiskError::Unmount {
+                        target: self.mount_point.clone(),
+                        source,
+                    })
+                }
+            }
+        }
+        umount2(&self.mount_point, MntFlags::MNT_DETACH).map_err(|source| LayerDiskError::Unmount {
+            target: self.mount_point.clone(),
+            source,
+        })
+    }
+
+    /// Bytes used and total bytes of the layer's filesystem.
+    pub fn usage(&self) -> Option<(u64, u64)> {
+        if !self.is_mounted() {
+            return None;
+        }
+        let stat = nix::sys::statvfs::statvfs(&self.mount_point).ok()?;
+        let block = stat.fragment_size();
+        let total = stat.blocks() * block;
+        let free = stat.blocks_free() * block;
+        Some((total - free, total))
+    }
+
+    /// Puts the files the runtime provides into the upper dir: the agent's mount point and log dir,
+    /// hostname and hosts.
+    pub fn seed(&self, hostname: &str, ip: std::net::Ipv4Addr) -> Result<(), LayerDiskError> {
+        let upper = self.upper();
+        let seed_err = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| LayerDiskError::Seed { path, source }
+        };
+        let warren = upper.join(".warren");
+        std::fs::create_dir_all(&warren).map_err(seed_err(&warren))?;
+        let agent = warren.join("agent");
+        std::fs::write(&agent, b"").map_err(seed_err(&agent))?;
+        let etc = upper.join("etc");
+        std::fs::create_dir_all(&etc).map_err(seed_err(&etc))?;
+        std::fs::write(etc.join("hostname"), format!("{hostname}\n")).map_err(seed_err(&etc))?;
+        std::fs::write(
+            etc.join("hosts"),
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{ip}\t{hostname}\n"),
+        )
+        .map_err(seed_err(&etc))?;
+        if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
+            std::fs::write(etc.join("resolv.conf"), resolv).map_err(seed_err(&etc))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `path` is a mount point (listed in /proc/self/mountinfo).
+pub fn is_mount_point(path: &Path) -> bool {
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    let wanted = path.to_string_lossy();
+    info.lines()
+        .any(|line| line.split(' ').nth(4) == Some(&wanted))
+}

@@ -1,0 +1,346 @@
+//! Mounts made by the sandbox's init inside its own (fresh, private) mount namespace, before it execs
+//! the agent. Every mount here has its source inside the sandbox's rootfs except the overlay's own
+//! layers and the agent binary bind mount at [`AGENT_PATH`] (the one external mount CRIU is told about).
+
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
+use nix::sys::stat::{makedev, mknod, Mode, SFlag};
+
+/// Where the agent binary appears inside every sandbox.
+pub const AGENT_PATH: &str = "/.warren/agent";
+/// The agent's stdout and stderr, inside the sandbox (on its writable layer).
+pub const AGENT_LOG: &str = "/.warren/agent.log";
+
+#[derive(Debug, thiserror::Error)]
+pub enum MountError {
+    #[error("mount {what} on {target}")]
+    Mount {
+        what: String,
+        target: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("prepare {path}")]
+    Prepare {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("pivot_root into {root}")]
+    Pivot {
+        root: PathBuf,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("layer path {0} contains ':' or ',' which overlayfs options cannot carry")]
+    BadLayerPath(PathBuf),
+}
+
+fn mount_err(what: &str, target: &Path) -> impl FnOnce(nix::Error) -> MountError {
+    let (what, target) = (what.to_string(), target.to_path_buf());
+    move |source| MountError::Mount {
+        what,
+        target,
+        source,
+    }
+}
+
+fn prepare_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError {
+    let path = path.to_path_buf();
+    move |source| MountError::Prepare { path, source }
+}
+
+/// The overlay mount options for `layers` (top-most first) over `upper`/`work`.
+pub fn overlay_options(
+    layers: &[PathBuf],
+    upper: &Path,
+    work: &Path,
+) -> Result<String, MountError> {
+    for path in layers.iter().map(PathBuf::as_path).chain([upper, work]) {
+        let text = path.to_string_lossy();
+        if text.contains(':') || text.contains(',') {
+            return Err(MountError::BadLayerPath(path.to_path_buf()));
+        }
+    }
+    let lower: Vec<String> = layers
+        .iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .collect();
+    Ok(format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.join(":"),
+        upper.display(),
+        work.display()
+    ))
+}
+
+/// Makes every mount private so nothing done here propagates back to the host.
+pub fn make_private() -> Result<(), MountError> {
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(mount_err("private propagation", Path::new("/")))
+}
+
+/// Mounts the overlay at `target` and everything the sandbox needs below it.
+pub fn build_rootfs(
+    target: &Path,
+    overlay_options: &str,
+    agent_binary: &Path,
+) -> Result<(), MountError> {
+    mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(overlay_options),
+    )
+    .map_err(mount_err("overlay", target))?;
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+
+    let proc = ensure_dir(target, "proc")?;
+    mount(
+        Some("proc"),
+        &proc,
+        Some("proc"),
+        nosuid_nodev_noexec,
+        None::<&str>,
+    )
+    .map_err(mount_err("proc", &proc))?;
+    let sys = ensure_dir(target, "sys")?;
+    mount(
+        Some("sysfs"),
+        &sys,
+        Some("sysfs"),
+        nosuid_nodev_noexec | MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(mount_err("sysfs", &sys))?;
+    build_dev(&ensure_dir(target, "dev")?)?;
+
+    let agent_target = target.join(AGENT_PATH.trim_start_matches('/'));
+    if !agent_target.exists() {
+        if let Some(parent) = agent_target.parent() {
+            std::fs::create_dir_all(parent).map_err(prepare_err(parent))?;
+        }
+        std::fs::write(&agent_target, b"").map_err(prepare_err(&agent_target))?;
+    }
+    mount(
+        Some(agent_binary),
+        &agent_target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(mount_err("agent binary", &agent_target))?;
+    mount(
+        None::<&str>,
+        &agent_target,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(mount_err("agent binary read-only", &agent_target))?;
+    Ok(())
+}
+
+fn ensure_dir(root: &Path, name: &str) -> Result<PathBuf, MountError> {
+    let dir = root.join(name);
+    if !dir.is_dir() {
+        std::fs::create_dir_all(&dir).map_err(prepare_err(&dir))?;
+    }
+    Ok(dir)
+}
+
+/// /dev as a small tmpfs with its own device nodes (no host device is bind-mounted), devpts, shm, mqueue.
+fn build_dev(dev: &Path) -> Result<(), MountError> {
+    mount(
+        Some("tmpfs"),
+        dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_STRICTATIME,
+        Some("mode=755,size=65536k"),
+    )
+    .map_err(mount_err("tmpfs /dev", dev))?;
+    let nodes: [(&str, u64, u64); 6] = [
+        ("null", 1, 3),
+        ("zero", 1, 5),
+        ("full", 1, 7),
+        ("random", 1, 8),
+        ("urandom", 1, 9),
+        ("tty", 5, 0),
+    ];
+    for (name, major, minor) in nodes {
+        let path = dev.join(name);
+        mknod(
+            &path,
+            SFlag::S_IFCHR,
+            Mode::from_bits_truncate(0o666),
+            makedev(major, minor),
+        )
+        .map_err(mount_err("device node", &path))?;
+        // mknod honours the umask; set the mode explicitly.
+        nix::sys::stat::fchmodat(
+            None,
+            &path,
+            Mode::from_bits_truncate(0o666),
+            nix::sys::stat::FchmodatFlags::FollowSymlink,
+        )
+        .map_err(mount_err("device node mode", &path))?;
+    }
+    let pts = ensure_dir(dev, "pts")?;
+    mount(
+        Some("devpts"),
+        &pts,
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )
+    .map_err(mount_err("devpts", &pts))?;
+    let shm = ensure_dir(dev, "shm")?;
+    mount(
+        Some("shm"),
+        &shm,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        Some("mode=1777,size=65536k"),
+    )
+    .map_err(mount_err("tmpfs /dev/shm", &shm))?;
+    let mqueue = ensure_dir(dev, "mqueue")?;
+    mount(
+        Some("mqueue"),
+        &mqueue,
+        Some("mqueue"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(mount_err("mqueue", &mqueue))?;
+    for (link, to) in [
+        ("ptmx", "pts/ptmx"),
+        ("fd", "/proc/self/fd"),
+        ("stdin", "/proc/self/fd/0"),
+        ("stdout", "/proc/self/fd/1"),
+        ("stderr", "/proc/self/fd/2"),
+    ] {
+        let path = dev.join(link);
+        symlink(to, &path).map_err(prepare_err(&path))?;
+    }
+    Ok(())
+}
+
+/// pivot_root into `root` and drop the old root (runc's pivot_root(".", ".") way: no put_old dir).
+pub fn pivot_into(root: &Path) -> Result<(), MountError> {
+    let pivot_err = |source| MountError::Pivot {
+        root: root.to_path_buf(),
+        source,
+    };
+    nix::unistd::chdir(root).map_err(pivot_err)?;
+    nix::unistd::pivot_root(".", ".").map_err(pivot_err)?;
+    // The old root is now stacked on "/": make it private (no propagation) and detach it.
+    mount(
+        None::<&str>,
+        ".",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(pivot_err)?;
+    umount2(".", MntFlags::MNT_DETACH).map_err(pivot_err)?;
+    nix::unistd::chdir("/").map_err(pivot_err)?;
+    Ok(())
+}
+
+/// Hides the parts of /proc that expose or change the host (as Docker does): read-only binds over
+/// kernel knobs, /dev/null over kernel memory and key listings. Run after pivot_root.
+pub fn mask_proc() -> Result<(), MountError> {
+    for path in [
+        "/proc/sys",
+        "/proc/sysrq-trigger",
+        "/proc/irq",
+        "/proc/bus",
+        "/proc/fs",
+    ] {
+        let path = Path::new(path);
+        if !path.exists() {
+            continue;
+        }
+        mount(
+            Some(path),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None::<&str>,
+        )
+        .map_err(mount_err("read-only bind", path))?;
+        mount(
+            None::<&str>,
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND
+                | MsFlags::MS_REMOUNT
+                | MsFlags::MS_RDONLY
+                | MsFlags::MS_NOSUID
+                | MsFlags::MS_NODEV
+                | MsFlags::MS_NOEXEC,
+            None::<&str>,
+        )
+        .map_err(mount_err("read-only remount", path))?;
+    }
+    for path in [
+        "/proc/kcore",
+        "/proc/keys",
+        "/proc/timer_list",
+        "/proc/sched_debug",
+        "/proc/latency_stats",
+        "/proc/kallsyms",
+    ] {
+        let path = Path::new(path);
+        if !path.exists() {
+            continue;
+        }
+        mount(
+            Some("/dev/null"),
+            path,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(mount_err("mask", path))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_options_list_layers_top_first() {
+        let layers = vec![PathBuf::from("/t/top"), PathBuf::from("/t/base")];
+        let options =
+            overlay_options(&layers, Path::new("/s/upper"), Path::new("/s/work")).unwrap();
+        assert_eq!(
+            options,
+            "lowerdir=/t/top:/t/base,upperdir=/s/upper,workdir=/s/work"
+        );
+    }
+
+    #[test]
+    fn overlay_options_refuse_separators() {
+        let layers = vec![PathBuf::from("/t/a:b")];
+        assert!(matches!(
+            overlay_options(&layers, Path::new("/u"), Path::new("/w")),
+            Err(MountError::BadLayerPath(_))
+        ));
+    }
+}

@@ -1,0 +1,99 @@
+//! The sandbox's init, between fork and exec of the agent: cgroup, session, namespaces, hostname,
+//! rootfs, pivot_root, stdio, no_new_privs, seccomp, capabilities, exec. Runs in a single-threaded
+//! child of the supervisor.
+
+use super::SupervisorConfig;
+use crate::rootfs::sandbox_mounts::{self, AGENT_LOG, AGENT_PATH};
+use crate::{capabilities, namespaces, seccomp};
+use std::ffi::CString;
+
+/// Builds the sandbox and execs the agent. Returns only on failure, with the reason.
+pub(super) fn run_init(config: &SupervisorConfig) -> String {
+    match prepare(config) {
+        Ok(never) => match never {},
+        Err(message) => message,
+    }
+}
+
+enum Never {}
+
+fn prepare(config: &SupervisorConfig) -> Result<Never, String> {
+    for procs in &config.cgroup_procs {
+        std::fs::write(procs, "0").map_err(|e| format!("join cgroup {}: {e}", procs.display()))?;
+    }
+    // PID 1 leads its own session (CRIU needs the tree's root to be a session leader).
+    nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
+    namespaces::unshare_init_namespaces().map_err(|e| super::run::error_chain(&e))?;
+    nix::unistd::sethostname(&config.id).map_err(|e| format!("sethostname: {e}"))?;
+    let chain = |e: sandbox_mounts::MountError| super::run::error_chain(&e);
+    sandbox_mounts::make_private().map_err(chain)?;
+    sandbox_mounts::build_rootfs(
+        &config.rootfs,
+        &config.overlay_options,
+        &config.agent_binary,
+    )
+    .map_err(chain)?;
+    sandbox_mounts::pivot_into(&config.rootfs).map_err(chain)?;
+    sandbox_mounts::mask_proc().map_err(chain)?;
+    redirect_stdio()?;
+
+    let filters = seccomp::sandbox_filters().map_err(|e| super::run::error_chain(&e))?;
+    if config.no_new_privs {
+        capabilities::set_no_new_privs().map_err(|e| super::run::error_chain(&e))?;
+    }
+    for filter in &filters {
+        seccomp::install(filter).map_err(|e| super::run::error_chain(&e))?;
+    }
+    capabilities::drop_to_sandbox_set().map_err(|e| super::run::error_chain(&e))?;
+
+    let program = CString::new(AGENT_PATH).map_err(|e| e.to_string())?;
+    let env: Vec<CString> = [
+        "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+        "HOME=/root".to_string(),
+        format!("HOSTNAME={}", config.id),
+        format!("WARREN_SANDBOX_ID={}", config.id),
+    ]
+    .into_iter()
+    .filter_map(|var| CString::new(var).ok())
+    .collect();
+    // Everything but stdio closes on exec (the error pipe included: EOF tells the supervisor we made it).
+    // SAFETY: close_range with CLOSE_RANGE_CLOEXEC only flags fds.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3u32,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    let error = nix::unistd::execve(&program, &[&program], &env).err();
+    Err(format!(
+        "exec {AGENT_PATH}: {}",
+        error.map_or_else(|| "returned".to_string(), |e| e.to_string())
+    ))
+}
+
+/// stdin from the sandbox's own /dev/null, stdout and stderr into its agent log: no fd of the init points
+/// outside its rootfs.
+fn redirect_stdio() -> Result<(), String> {
+    use nix::fcntl::{open, OFlag};
+    use nix::sys::stat::Mode;
+    let null = open(
+        "/dev/null",
+        OFlag::O_RDONLY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("open /dev/null: {e}"))?;
+    let log = open(
+        AGENT_LOG,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o640),
+    )
+    .map_err(|e| format!("open {AGENT_LOG}: {e}"))?;
+    for (from, to) in [(null, 0), (log, 1), (log, 2)] {
+        nix::unistd::dup2(from, to).map_err(|e| format!("dup2: {e}"))?;
+    }
+    let _ = nix::unistd::close(null);
+    let _ = nix::unistd::close(log);
+    Ok(())
+}

@@ -1,0 +1,229 @@
+//! One supervisor process per sandbox. The runtime writes a [`SupervisorConfig`] to
+//! `sandboxes/<id>/supervisor.json` and starts `warren-supervisor run <config> --status-fd N`. The
+//! supervisor detaches (double fork + setsid, so it outlives the server and is never its zombie), wires
+//! the network, starts the sandbox's init in fresh pid/mount/uts/ipc namespaces, reports
+//! `ok <init pid> <supervisor pid>` or `err <message>` on the status fd, then waits for the init and
+//! records its exit status in `sandboxes/<id>/init.exit`.
+
+mod init;
+mod run;
+
+use std::io::{BufRead, BufReader};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+pub use run::run_supervisor;
+
+use crate::network::NetworkPlan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("supervisor config {path}")]
+    Config {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("start supervisor {binary}")]
+    Spawn {
+        binary: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("status pipe")]
+    Pipe(#[source] nix::Error),
+    #[error("sandbox set-up failed: {0}")]
+    SetupFailed(String),
+    #[error("supervisor gave no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("supervisor answered {0:?}")]
+    BadAnswer(String),
+}
+
+/// What the supervisor needs to build one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SupervisorConfig {
+    pub id: String,
+    pub sandbox_dir: PathBuf,
+    /// Empty directory the overlay is mounted on (inside the sandbox's mount namespace only).
+    pub rootfs: PathBuf,
+    pub overlay_options: String,
+    pub agent_binary: PathBuf,
+    /// `cgroup.procs` files the init joins before anything else.
+    pub cgroup_procs: Vec<PathBuf>,
+    /// File the network namespace is pinned at.
+    pub netns_pin: PathBuf,
+    pub network: NetworkPlan,
+    pub no_new_privs: bool,
+}
+
+impl SupervisorConfig {
+    pub fn path_in(sandbox_dir: &Path) -> PathBuf {
+        sandbox_dir.join("supervisor.json")
+    }
+
+    pub fn write(&self) -> Result<PathBuf, SupervisorError> {
+        let path = Self::path_in(&self.sandbox_dir);
+        let json = serde_json::to_vec_pretty(self).map_err(|e| SupervisorError::Config {
+            path: path.clone(),
+            source: e.into(),
+        })?;
+        std::fs::write(&path, json).map_err(|source| SupervisorError::Config {
+            path: path.clone(),
+            source,
+        })?;
+        Ok(path)
+    }
+
+    pub fn read(path: &Path) -> Result<Self, SupervisorError> {
+        let bytes = std::fs::read(path).map_err(|source| SupervisorError::Config {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        serde_json::from_slice(&bytes).map_err(|e| SupervisorError::Config {
+            path: path.to_path_buf(),
+            source: e.into(),
+        })
+    }
+}
+
+/// Host PIDs of a freshly started sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Launched {
+    pub init_pid: u32,
+    pub supervisor_pid: u32,
+}
+
+/// Starts the supervisor for `config_path` and waits for its report.
+pub fn launch(
+    binary: &Path,
+    config_path: &Path,
+    log: &Path,
+    timeout: Duration,
+) -> Result<Launched, SupervisorError> {
+    let (read_end, write_end) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(SupervisorError::Pipe)?;
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|source| SupervisorError::Config {
+            path: log.to_path_buf(),
+            source,
+        })?;
+    let log_err = log_file
+        .try_clone()
+        .map_err(|source| SupervisorError::Config {
+            path: log.to_path_buf(),
+            source,
+        })?;
+    let status_fd = write_end.as_raw_fd();
+    let mut command = Command::new(binary);
+    command
+        .arg("run")
+        .arg(config_path)
+        .arg("--status-fd")
+        .arg(status_fd.to_string())
+        .stdin(Stdio::null())
+        .stdout(log_file)
+        .stderr(log_err)
+        .current_dir("/");
+    // SAFETY: the closure only calls fcntl(2), which is async-signal-safe, on an fd that stays open in
+    // the child; it allocates nothing.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(status_fd, libc::F_SETFD, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().map_err(|source| SupervisorError::Spawn {
+        binary: binary.to_path_buf(),
+        source,
+    })?;
+    drop(write_end);
+    // The first supervisor process only forks the detached one and exits.
+    child.wait().map_err(|source| SupervisorError::Spawn {
+        binary: binary.to_path_buf(),
+        source,
+    })?;
+    let line = read_report(read_end, timeout)?;
+    parse_report(&line)
+}
+
+fn read_report(read_end: OwnedFd, timeout: Duration) -> Result<String, SupervisorError> {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::AsFd;
+    let deadline = std::time::Instant::now() + timeout;
+    {
+        let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+        let millis = u16::try_from(remaining.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(read_end.as_fd(), PollFlags::POLLIN)];
+        let ready = poll(&mut fds, PollTimeout::from(millis)).map_err(SupervisorError::Pipe)?;
+        if ready == 0 {
+            return Err(SupervisorError::Timeout(timeout));
+        }
+    }
+    let mut reader = BufReader::new(std::fs::File::from(read_end));
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .map_err(|source| SupervisorError::Config {
+            path: PathBuf::from("status pipe"),
+            source,
+        })?;
+    Ok(line)
+}
+
+fn parse_report(line: &str) -> Result<Launched, SupervisorError> {
+    let line = line.trim_end();
+    if let Some(message) = line.strip_prefix("err ") {
+        return Err(SupervisorError::SetupFailed(message.to_string()));
+    }
+    let mut words = line.strip_prefix("ok ").unwrap_or("").split(' ');
+    let init_pid = words.next().and_then(|w| w.parse().ok());
+    let supervisor_pid = words.next().and_then(|w| w.parse().ok());
+    match (init_pid, supervisor_pid) {
+        (Some(init_pid), Some(supervisor_pid)) => Ok(Launched {
+            init_pid,
+            supervisor_pid,
+        }),
+        _ if line.is_empty() => Err(SupervisorError::SetupFailed(
+            "supervisor exited without a report (see supervisor.log)".into(),
+        )),
+        _ => Err(SupervisorError::BadAnswer(line.to_string())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reports_parse() {
+        assert_eq!(
+            parse_report("ok 12 34\n").unwrap(),
+            Launched {
+                init_pid: 12,
+                supervisor_pid: 34
+            }
+        );
+        assert!(
+            matches!(parse_report("err mount overlay: EINVAL\n"), Err(SupervisorError::SetupFailed(m)) if m.contains("overlay"))
+        );
+        assert!(matches!(
+            parse_report(""),
+            Err(SupervisorError::SetupFailed(_))
+        ));
+        assert!(matches!(
+            parse_report("hello"),
+            Err(SupervisorError::BadAnswer(_))
+        ));
+    }
+}

@@ -1,0 +1,138 @@
+//! The supervisor process itself (`warren-supervisor run`).
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::Path;
+
+use nix::sched::CloneFlags;
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::{fork, ForkResult};
+
+use super::{init, SupervisorConfig};
+use crate::namespaces;
+use crate::network::netlink::{self, Netlink};
+
+/// Entry point of `warren-supervisor run <config> --status-fd <fd>`. Returns the process exit code.
+pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
+    // SAFETY: the runtime handed us this fd (the write end of its status pipe); we own it from here on.
+    let status = unsafe { OwnedFd::from_raw_fd(status_fd) };
+    // Keep it from leaking into the sandbox's init.
+    // SAFETY: fcntl on an fd we own.
+    unsafe { libc::fcntl(status.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
+    // Detach: the runtime reaps this first process at once; the second one is reparented to init.
+    // SAFETY: the supervisor is single-threaded here, so the child may do anything after fork.
+    match unsafe { fork() } {
+        Ok(ForkResult::Parent { .. }) => return 0,
+        Ok(ForkResult::Child) => {}
+        Err(e) => {
+            report(&status, &format!("err fork supervisor: {e}"));
+            return 1;
+        }
+    }
+    let _ = nix::unistd::setsid();
+    let config = match SupervisorConfig::read(config_path) {
+        Ok(config) => config,
+        Err(e) => {
+            report(&status, &format!("err {}", error_chain(&e)));
+            return 1;
+        }
+    };
+    match start_sandbox(&config) {
+        Ok(init_pid) => {
+            report(&status, &format!("ok {init_pid} {}", std::process::id()));
+            drop(status);
+            let code = wait_for_init(init_pid);
+            let _ = std::fs::write(config.sandbox_dir.join("init.exit"), format!("{code}\n"));
+            0
+        }
+        Err(message) => {
+            report(&status, &format!("err {message}"));
+            1
+        }
+    }
+}
+
+fn report(status: &OwnedFd, line: &str) {
+    let bytes = format!("{}\n", line.replace('\n', " "));
+    // SAFETY: write(2) from a valid buffer to an fd we own. A short write of one small line to a pipe
+    // does not happen (PIPE_BUF); a failure means the runtime is gone and nobody listens.
+    let _ = unsafe { libc::write(status.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    eprintln!("{line}");
+}
+
+pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
+    crate::supervisor_error_chain(error)
+}
+
+/// Wires the network and starts the init; returns the init's host PID.
+fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
+    setup_network(config).map_err(|e| format!("network: {e}"))?;
+    namespaces::unshare_pid().map_err(|e| error_chain(&e))?;
+    let (error_read, error_write) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("error pipe: {e}"))?;
+    // SAFETY: single-threaded process (the netlink runtime was a current-thread one and is gone).
+    match unsafe { fork() } {
+        Ok(ForkResult::Child) => {
+            drop(error_read);
+            let failure = init::run_init(config);
+            let mut pipe = std::fs::File::from(error_write);
+            let _ = pipe.write_all(failure.as_bytes());
+            // SAFETY: _exit skips destructors and atexit handlers of the copied parent state.
+            unsafe { libc::_exit(1) }
+        }
+        Ok(ForkResult::Parent { child }) => {
+            drop(error_write);
+            let mut message = String::new();
+            let _ = std::fs::File::from(error_read).read_to_string(&mut message);
+            if message.is_empty() {
+                // The pipe closed on exec: the agent is running.
+                Ok(child.as_raw() as u32)
+            } else {
+                let _ = waitpid(child, None);
+                Err(format!("sandbox init: {message}"))
+            }
+        }
+        Err(e) => Err(format!("fork init: {e}")),
+    }
+}
+
+fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
+    let plan = &config.network;
+    std::fs::write(&config.netns_pin, b"")
+        .map_err(|e| format!("netns pin {}: {e}", config.netns_pin.display()))?;
+    let netns = namespaces::create_pinned_netns(&config.netns_pin).map_err(|e| error_chain(&e))?;
+    let (host, peer) = (plan.host_veth(), plan.peer_veth());
+    netlink::run(async {
+        let host_side = Netlink::connect()?;
+        let bridge = host_side
+            .ensure_bridge(&plan.bridge, plan.gateway, plan.prefix)
+            .await?;
+        host_side.create_veth(&host, &peer, bridge).await?;
+        host_side.move_to_netns(&peer, netns.as_raw_fd()).await
+    })
+    .map_err(|e| error_chain(&e))?;
+    namespaces::join(&netns, &config.netns_pin, CloneFlags::CLONE_NEWNET)
+        .map_err(|e| error_chain(&e))?;
+    netlink::run(async {
+        let sandbox_side = Netlink::connect()?;
+        sandbox_side
+            .configure_sandbox_side(&peer, plan.ip, plan.prefix, plan.gateway)
+            .await
+    })
+    .map_err(|e| error_chain(&e))?;
+    Ok(())
+}
+
+/// Waits until the init exits; returns its exit code (128 + signal when killed).
+fn wait_for_init(init_pid: u32) -> i32 {
+    let pid = nix::unistd::Pid::from_raw(init_pid as i32);
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, signal, _)) => return 128 + signal as i32,
+            Ok(_) => continue,
+            Err(nix::Error::EINTR) => continue,
+            Err(_) => return -1,
+        }
+    }
+}

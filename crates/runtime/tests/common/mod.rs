@@ -1,0 +1,162 @@
+//! Shared helpers of the runtime's integration tests: skips, the test agent, a runtime on a private
+//! state dir, running commands in a sandbox, and leak checks.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use warren_runtime::{
+    LinuxRuntime, LinuxRuntimeConfig, NetworkSpec, Resources, Sandbox, SandboxSpec,
+};
+
+pub const BASE_ROOTFS: &str = "/var/cache/warren/rootfs/debian12-base";
+
+/// The base rootfs, or None after printing the SKIP line.
+pub fn base_rootfs() -> Option<PathBuf> {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: the runtime tests need root");
+        return None;
+    }
+    let base = PathBuf::from(BASE_ROOTFS);
+    if !base.join(".warren-complete").exists() {
+        println!("SKIP: base rootfs not built (run scripts/setup)");
+        return None;
+    }
+    Some(base)
+}
+
+/// The agent the sandboxes run: $WARREN_TEST_AGENT, or the stand-in in tests/fixtures built statically.
+pub fn test_agent() -> PathBuf {
+    if let Some(path) = std::env::var_os("WARREN_TEST_AGENT") {
+        return PathBuf::from(path);
+    }
+    let out_dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let binary = out_dir.join("warren-test-agent");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/test_agent.rs");
+    let fresh = binary.metadata().and_then(|b| b.modified()).ok()
+        > source.metadata().and_then(|s| s.modified()).ok();
+    if fresh {
+        return binary;
+    }
+    let temp = out_dir.join(format!("warren-test-agent.{}", std::process::id()));
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
+    let status = std::process::Command::new(rustc)
+        .args([
+            "--edition",
+            "2021",
+            "-O",
+            "-C",
+            "target-feature=+crt-static",
+            "-o",
+        ])
+        .arg(&temp)
+        .arg(&source)
+        .status()
+        .expect("run rustc for the test agent");
+    assert!(status.success(), "building the test agent failed");
+    std::fs::rename(&temp, &binary).expect("install the test agent");
+    binary
+}
+
+pub fn state_dir(name: &str) -> PathBuf {
+    PathBuf::from(format!("/tmp/wt-runtime-{name}-{}", std::process::id()))
+}
+
+pub fn runtime(name: &str) -> LinuxRuntime {
+    let config = LinuxRuntimeConfig {
+        state_dir: state_dir(name),
+        agent_binary: test_agent(),
+        supervisor_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_warren-supervisor"))),
+        ..LinuxRuntimeConfig::default()
+    };
+    LinuxRuntime::new(config).expect("runtime")
+}
+
+pub fn resources() -> Resources {
+    Resources {
+        vcpus: 1.0,
+        memory_mib: 256,
+        disk_mib: 64,
+        max_pids: 256,
+    }
+}
+
+pub fn spec(id: &str, layers: Vec<PathBuf>, resources: Resources) -> SandboxSpec {
+    SandboxSpec {
+        id: id.to_string(),
+        layers,
+        resources,
+        network: NetworkSpec::default(),
+    }
+}
+
+/// Runs `command` with /bin/sh inside the sandbox through the test agent; returns (output, exit code).
+pub fn exec(sandbox: &Sandbox, command: &str) -> (String, i32) {
+    let mut stream = TcpStream::connect_timeout(&sandbox.agent_addr(), Duration::from_secs(5))
+        .expect("connect agent");
+    stream
+        .write_all(format!("{command}\n").as_bytes())
+        .expect("send command");
+    let mut output = String::new();
+    stream.read_to_string(&mut output).expect("read output");
+    let (body, code) = output.rsplit_once("\nEXIT ").expect("exit line");
+    (body.to_string(), code.trim().parse().expect("exit code"))
+}
+
+/// Everything of `state_dir`'s sandboxes still on the host: mounts, loop devices, veths, cgroups.
+pub fn leftovers(state_dir: &Path, ids: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let dir = state_dir.to_string_lossy().into_owned();
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    found.extend(
+        mountinfo
+            .lines()
+            .filter(|l| l.contains(&dir))
+            .map(|l| format!("mount: {l}")),
+    );
+    found.extend(
+        warren_runtime::rootfs::loop_device::devices_backed_under(state_dir)
+            .into_iter()
+            .map(|d| format!("loop: {}", d.display())),
+    );
+    let leases = state_dir.join("network/leases");
+    for lease in std::fs::read_dir(&leases)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|l| !l.file_name().to_string_lossy().starts_with('.'))
+    {
+        found.push(format!("lease: {}", lease.path().display()));
+    }
+    for id in ids {
+        for controller in [
+            "memory", "cpu", "cpuacct", "pids", "freezer", "blkio", "unified",
+        ] {
+            let path = Path::new("/sys/fs/cgroup")
+                .join(controller)
+                .join("warren")
+                .join(id);
+            if path.exists() {
+                found.push(format!("cgroup: {}", path.display()));
+            }
+        }
+        let v2 = Path::new("/sys/fs/cgroup/warren").join(id);
+        if v2.exists() {
+            found.push(format!("cgroup: {}", v2.display()));
+        }
+        if state_dir.join("sandboxes").join(id).exists() {
+            found.push(format!("dir: sandboxes/{id}"));
+        }
+    }
+    found
+}
+
+/// Host veths of sandboxes (`wv-*`) whose address is in `ips`.
+pub fn veths_for(ips: &[std::net::Ipv4Addr]) -> Vec<String> {
+    ips.iter()
+        .map(|ip| warren_runtime::network::veth_name("wv", *ip))
+        .filter(|name| warren_runtime::network::host_link_exists(name))
+        .collect()
+}

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Builds the Debian 12 minimal base rootfs every sandbox template starts from, once, into
+# $WARREN_CACHE/rootfs/debian12-base. The build goes into a temp dir next to it and is renamed into place
+# only when complete (a `.warren-complete` stamp inside marks a finished build), so an interrupted run
+# never leaves a half rootfs that later runs would trust.
+set -euo pipefail
+cache=${WARREN_CACHE:-/var/cache/warren}
+dest="$cache/rootfs/debian12-base"
+stamp=".warren-complete"
+mirror=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+
+if [ -f "$dest/$stamp" ]; then
+    echo "base rootfs present: $dest"
+    exit 0
+fi
+if ! command -v mmdebstrap >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap
+fi
+
+mkdir -p "$cache/rootfs"
+tmp=$(mktemp -d "$cache/rootfs/.debian12-base.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+
+packages=python3,bash,coreutils,procps,iproute2,curl,git,ca-certificates,sudo
+# --variant=minbase: essential + apt only; the packages above on top. --mode=root: we run as root, no
+# user namespace needed. The customize hooks create the sandbox user and its sudo rule inside the chroot.
+mmdebstrap --variant=minbase --mode=root --include="$packages" \
+    --customize-hook='chroot "$1" groupadd --gid 1000 user' \
+    --customize-hook='chroot "$1" useradd --uid 1000 --gid 1000 --create-home --home-dir /home/user --shell /bin/bash user' \
+    --customize-hook='echo "user ALL=(ALL:ALL) NOPASSWD: ALL" > "$1/etc/sudoers.d/user" && chmod 0440 "$1/etc/sudoers.d/user"' \
+    --customize-hook='rm -rf "$1"/var/cache/apt/archives/*.deb "$1"/var/lib/apt/lists/*' \
+    --customize-hook=': > "$1/etc/machine-id"' \
+    bookworm "$tmp/root" "$mirror"
+
+touch "$tmp/root/$stamp"
+# An incomplete earlier attempt (no stamp) is replaced; rename is atomic within one filesystem.
+if [ -e "$dest" ]; then rm -rf "$dest"; fi
+mv "$tmp/root" "$dest"
+echo "base rootfs built: $dest"
