@@ -104,7 +104,7 @@ class RunningAgent:
     def home(self) -> pathlib.Path:
         return self.root / "home" / "user"
 
-    def sandbox(self, access_token=None) -> Sandbox:
+    def sandbox(self, access_token=None, cls=Sandbox):
         headers = {"E2b-Sandbox-Id": "wt-host-agent", "E2b-Sandbox-Port": "49983"}
         if access_token:
             headers["X-Access-Token"] = access_token
@@ -113,7 +113,7 @@ class RunningAgent:
             api_key="wt-unused",
             extra_sandbox_headers=headers,
         )
-        return Sandbox(
+        return cls(
             sandbox_id="wt-host-agent",
             sandbox_domain=None,
             envd_version=Version(ENVD_VERSION),
