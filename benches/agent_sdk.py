@@ -42,9 +42,25 @@ def main():
         down = time.perf_counter() - t
         assert bytes(back) == payload, "downloaded bytes differ"
 
+        # The SDK's HTTP client always accepts gzip, so the download above is compressed on the
+        # fly (as envd does); this is the same file without content coding.
+        import httpx
+
+        t = time.perf_counter()
+        with httpx.stream(
+            "GET",
+            f"{agent.url}/files",
+            params={"path": "/tmp/bench.bin"},
+            headers={"Accept-Encoding": "identity"},
+        ) as r:
+            got = sum(len(c) for c in r.iter_raw(1 << 20))
+        down_identity = time.perf_counter() - t
+        assert got == len(payload)
+
         print(f"upload   {args.mib} MiB (multipart):     {mb / up:8.1f} MB/s")
         print(f"upload   {args.mib} MiB (octet-stream):  {mb / up_stream:8.1f} MB/s")
         print(f"download {args.mib} MiB:                 {mb / down:8.1f} MB/s")
+        print(f"download {args.mib} MiB (identity, httpx): {mb / down_identity:8.1f} MB/s")
         print(f"upload+download {args.mib} MiB:          {2 * mb / (up + down):8.1f} MB/s")
 
         sbx.commands.run("true")  # warm the connection
