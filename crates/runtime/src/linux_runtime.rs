@@ -75,7 +75,12 @@ impl LinuxRuntime {
             &subnet_cidr(config.gateway, config.subnet_prefix),
         )
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
-        let addresses = AddressPool::new(&config.state_dir, config.gateway, config.subnet_prefix);
+        let addresses = AddressPool::new(
+            &config.state_dir,
+            &config.bridge,
+            config.gateway,
+            config.subnet_prefix,
+        );
         let checkpointer = Checkpointer::probe();
         if let Some(why) = checkpointer.unavailable_reason() {
             tracing::info!(reason = %why, "checkpoints disabled (pause falls back to freeze)");
@@ -344,17 +349,17 @@ impl LinuxRuntime {
         Ok(())
     }
 
-    /// Sandbox IDs present in the state dir or as cgroups.
+    /// Sandbox IDs present in this runtime's state dir. Cgroups alone do not count: other runtimes
+    /// (other state dirs) share the `warren` cgroup parent, and their sandboxes are not ours to judge.
     fn known_ids(&self) -> Vec<String> {
-        let mut ids = self.cgroups.list_ids();
         let sandboxes = self.config.state_dir.join("sandboxes");
-        for entry in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
-            if let Ok(name) = entry.file_name().into_string() {
-                ids.push(name);
-            }
-        }
+        let mut ids: Vec<String> = std::fs::read_dir(sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
         ids.sort();
-        ids.dedup();
         ids
     }
 
@@ -625,7 +630,7 @@ impl Runtime for LinuxRuntime {
                         .metadata()
                         .and_then(|m| m.modified())
                         .is_ok_and(|t| t.elapsed().unwrap_or_default() < CREATE_GRACE) => {}
-                // Dead init, a leftover cgroup, a corrupt record: nothing runs there; reclaim what is left.
+                // Dead init or a corrupt record: nothing of ours runs there; reclaim what is left.
                 _ => {
                     if let Err(error) = self.teardown(&id) {
                         tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
