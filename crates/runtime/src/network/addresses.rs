@@ -242,7 +242,8 @@ mod tests {
     #[test]
     fn leases_a_given_address_once() {
         let dir = std::env::temp_dir().join(format!("wt-leases-claim-{}", std::process::id()));
-        let pool = AddressPool::new(&dir, Ipv4Addr::new(10, 77, 0, 1), 16);
+        let pool =
+            AddressPool::with_claims(&dir, dir.join("claims"), Ipv4Addr::new(10, 77, 0, 1), 16);
         let ip = Ipv4Addr::new(10, 77, 3, 4);
         assert!(pool.lease_exact(ip, "a").unwrap());
         assert!(
