@@ -155,6 +155,44 @@ impl AddressPool {
         Ok(ip)
     }
 
+    /// Leases exactly `ip` to `sandbox_id` (a paused sandbox resuming at its old address). `Ok(false)`
+    /// when another sandbox holds it or it is outside the subnet.
+    pub fn lease_exact(&self, ip: Ipv4Addr, sandbox_id: &str) -> Result<bool, AddressError> {
+        let (first, last) = self.range();
+        let wanted = u32::from(ip);
+        if wanted < first || wanted > last || ip == self.gateway {
+            return Ok(false);
+        }
+        std::fs::create_dir_all(&self.dir).map_err(self.store_err())?;
+        let lock = std::fs::File::create(self.dir.join(".lock")).map_err(self.store_err())?;
+        // SAFETY: flock on an fd we own; released when `lock` is closed.
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(self.store_err()(std::io::Error::last_os_error()));
+        }
+        let path = self.dir.join(ip.to_string());
+        if !path.exists() {
+            std::fs::create_dir_all(&self.claims).map_err(self.store_err())?;
+            let owner = self.owner_tag(sandbox_id);
+            let ours = std::fs::read_to_string(self.claims.join(ip.to_string()))
+                .is_ok_and(|held| held == owner);
+            if !ours && !self.claim(ip, &owner)? {
+                return Ok(false);
+            }
+        }
+        match OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(mut lease) => {
+                lease
+                    .write_all(sandbox_id.as_bytes())
+                    .map_err(self.store_err())?;
+                Ok(true)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                Ok(std::fs::read_to_string(&path).is_ok_and(|owner| owner == sandbox_id))
+            }
+            Err(e) => Err(self.store_err()(e)),
+        }
+    }
+
     /// Releases `ip` if it is leased to `sandbox_id`.
     pub fn release(&self, ip: Ipv4Addr, sandbox_id: &str) -> Result<(), AddressError> {
         let path = self.dir.join(ip.to_string());
@@ -198,6 +236,30 @@ mod tests {
         assert_eq!(pool.leases_of("a"), vec![a]);
         pool.release(a, "a").unwrap();
         assert_eq!(pool.allocate("c").unwrap(), a);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn leases_a_given_address_once() {
+        let dir = std::env::temp_dir().join(format!("wt-leases-claim-{}", std::process::id()));
+        let pool =
+            AddressPool::with_claims(&dir, dir.join("claims"), Ipv4Addr::new(10, 77, 0, 1), 16);
+        let ip = Ipv4Addr::new(10, 77, 3, 4);
+        assert!(pool.lease_exact(ip, "a").unwrap());
+        assert!(
+            pool.lease_exact(ip, "a").unwrap(),
+            "claiming one's own lease again is fine"
+        );
+        assert!(!pool.lease_exact(ip, "b").unwrap());
+        assert!(
+            !pool.lease_exact(Ipv4Addr::new(10, 77, 0, 1), "b").unwrap(),
+            "never the gateway"
+        );
+        assert!(
+            !pool.lease_exact(Ipv4Addr::new(10, 78, 0, 9), "b").unwrap(),
+            "never outside the subnet"
+        );
+        assert_eq!(pool.allocate("c").unwrap(), Ipv4Addr::new(10, 77, 0, 2));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -181,3 +181,15 @@ pub fn veths_for(ips: &[std::net::Ipv4Addr]) -> Vec<String> {
         .filter(|name| warren_runtime::network::host_link_exists(name))
         .collect()
 }
+
+/// Destroys the named sandboxes when dropped, so a failing assertion leaves nothing behind.
+pub struct DestroyOnDrop<'a>(pub &'a LinuxRuntime, pub Vec<String>);
+
+impl Drop for DestroyOnDrop<'_> {
+    fn drop(&mut self) {
+        use warren_runtime::Runtime;
+        for id in &self.1 {
+            let _ = self.0.destroy(id);
+        }
+    }
+}

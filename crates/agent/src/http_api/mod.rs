@@ -1,0 +1,238 @@
+//! The agent's HTTP surface: envd's plain endpoints (`/health`, `/init`, `/envs`, `/metrics`,
+//! `/files`), the Connect RPC routes, and the access-token check in front of them.
+
+pub mod files;
+pub mod metrics;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use warren_proto::envd::ENVD_VERSION;
+
+use crate::connect_server::{self as rpc, call_context};
+use crate::filesystem::{self as fs, watch};
+use crate::process;
+use crate::state::Agent;
+
+/// envd's plain error body: `{"code": <status>, "message": "..."}`.
+pub fn json_error(status: StatusCode, message: &str) -> Response {
+    (
+        status,
+        Json(serde_json::json!({ "code": status.as_u16(), "message": message })),
+    )
+        .into_response()
+}
+
+pub fn router(agent: Arc<Agent>) -> Router {
+    Router::new()
+        .route("/health", get(health))
+        .route("/init", post(init))
+        .route("/envs", get(envs))
+        .route("/metrics", get(metrics_handler))
+        .route("/files", get(files::download).post(files::upload))
+        .route("/{service}/{method}", post(connect_rpc))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(agent.clone(), require_token))
+        .layer(middleware::map_response(add_version_header))
+        .with_state(agent)
+}
+
+async fn add_version_header(mut response: Response) -> Response {
+    response
+        .headers_mut()
+        .insert("x-envd-version", HeaderValue::from_static(ENVD_VERSION));
+    response
+}
+
+/// Paths reachable without `X-Access-Token` (`/files` checks token or signature itself).
+fn open_path(method: &Method, path: &str) -> bool {
+    matches!(
+        (method.as_str(), path),
+        ("GET", "/health") | ("POST", "/init") | ("GET", "/files") | ("POST", "/files")
+    )
+}
+
+async fn require_token(State(agent): State<Arc<Agent>>, request: Request, next: Next) -> Response {
+    if !open_path(request.method(), request.uri().path()) && !agent.token_matches(request.headers())
+    {
+        return json_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized access, please provide a valid access token or method signing if supported",
+        );
+    }
+    next.run(request).await
+}
+
+async fn health() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+async fn not_found(request: Request) -> Response {
+    json_error(
+        StatusCode::NOT_FOUND,
+        &format!(
+            "no such endpoint: {} {}",
+            request.method(),
+            request.uri().path()
+        ),
+    )
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct InitBody {
+    env_vars: Option<BTreeMap<String, String>>,
+    access_token: Option<String>,
+    timestamp: Option<pbjson_types::Timestamp>,
+    default_user: Option<String>,
+    default_workdir: Option<String>,
+}
+
+/// `POST /init`: env vars, access token, default user and workdir. The first init may set a
+/// token freely; later ones must present the current token (header or body). Init requests
+/// older than one already applied are acknowledged and ignored. The clock is not set: a
+/// sandbox shares the host kernel's clock.
+async fn init(
+    State(agent): State<Arc<Agent>>,
+    headers: HeaderMap,
+    body: axum::body::Bytes,
+) -> Response {
+    let parsed: InitBody = if body.iter().all(u8::is_ascii_whitespace) {
+        InitBody {
+            env_vars: None,
+            access_token: None,
+            timestamp: None,
+            default_user: None,
+            default_workdir: None,
+        }
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(b) => b,
+            Err(e) => {
+                return json_error(StatusCode::BAD_REQUEST, &format!("invalid init body: {e}"))
+            }
+        }
+    };
+    if let Some(current) = agent.token() {
+        let header_ok = agent.token_matches(&headers);
+        let body_ok = parsed
+            .access_token
+            .as_deref()
+            .map(|t| crate::state::constant_time_eq(t.as_bytes(), current.as_bytes()))
+            .unwrap_or(false);
+        if !header_ok && !body_ok {
+            return json_error(StatusCode::UNAUTHORIZED, "access token validation failed");
+        }
+    }
+    if let Some(ts) = &parsed.timestamp {
+        let nanos = ts.seconds as i128 * 1_000_000_000 + ts.nanos as i128;
+        let mut last = agent
+            .last_init_nanos
+            .write()
+            .unwrap_or_else(|p| p.into_inner());
+        if nanos < *last {
+            return StatusCode::NO_CONTENT.into_response();
+        }
+        *last = nanos;
+    }
+    {
+        let mut defaults = agent.defaults.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(vars) = parsed.env_vars {
+            defaults.env_vars = vars;
+        }
+        if let Some(user) = parsed.default_user.filter(|u| !u.is_empty()) {
+            defaults.user = user;
+        }
+        if let Some(workdir) = parsed.default_workdir.filter(|w| !w.is_empty()) {
+            defaults.workdir = Some(workdir);
+        }
+    }
+    *agent
+        .access_token
+        .write()
+        .unwrap_or_else(|p| p.into_inner()) = parsed.access_token.filter(|t| !t.is_empty());
+    (StatusCode::NO_CONTENT, [("cache-control", "no-store")]).into_response()
+}
+
+async fn envs(State(agent): State<Arc<Agent>>) -> Json<BTreeMap<String, String>> {
+    Json(agent.defaults().env_vars)
+}
+
+async fn metrics_handler(State(agent): State<Arc<Agent>>) -> Json<metrics::Metrics> {
+    Json(metrics::collect(&agent.cpu_sampler, &agent.root))
+}
+
+/// Dispatches `POST /<service>/<method>` to the RPC handlers.
+async fn connect_rpc(
+    State(agent): State<Arc<Agent>>,
+    Path((service, method)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let (ctx, kind) = match call_context(&headers) {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let a = agent;
+    match (service.as_str(), method.as_str()) {
+        ("process.Process", "List") => {
+            rpc::unary(ctx, kind, body, |c, r| process::list(a, c, r)).await
+        }
+        ("process.Process", "Start") => {
+            rpc::server_stream(ctx, kind, body, |c, r| process::start(a, c, r)).await
+        }
+        ("process.Process", "Connect") => {
+            rpc::server_stream(ctx, kind, body, |c, r| process::connect(a, c, r)).await
+        }
+        ("process.Process", "Update") => {
+            rpc::unary(ctx, kind, body, |c, r| process::update(a, c, r)).await
+        }
+        ("process.Process", "SendInput") => {
+            rpc::unary(ctx, kind, body, |c, r| process::send_input(a, c, r)).await
+        }
+        ("process.Process", "StreamInput") => {
+            rpc::client_stream(ctx, kind, body, |c, r| process::stream_input(a, c, r)).await
+        }
+        ("process.Process", "SendSignal") => {
+            rpc::unary(ctx, kind, body, |c, r| process::send_signal(a, c, r)).await
+        }
+        ("process.Process", "CloseStdin") => {
+            rpc::unary(ctx, kind, body, |c, r| process::close_stdin(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "Stat") => {
+            rpc::unary(ctx, kind, body, |c, r| fs::stat(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "MakeDir") => {
+            rpc::unary(ctx, kind, body, |c, r| fs::make_dir(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "Move") => {
+            rpc::unary(ctx, kind, body, |c, r| fs::move_entry(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "ListDir") => {
+            rpc::unary(ctx, kind, body, |c, r| fs::list_dir(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "Remove") => {
+            rpc::unary(ctx, kind, body, |c, r| fs::remove(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "WatchDir") => {
+            rpc::server_stream(ctx, kind, body, |c, r| watch::watch_dir(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "CreateWatcher") => {
+            rpc::unary(ctx, kind, body, |c, r| watch::create_watcher(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "GetWatcherEvents") => {
+            rpc::unary(ctx, kind, body, |c, r| watch::get_watcher_events(a, c, r)).await
+        }
+        ("filesystem.Filesystem", "RemoveWatcher") => {
+            rpc::unary(ctx, kind, body, |c, r| watch::remove_watcher(a, c, r)).await
+        }
+        _ => rpc::unknown_procedure(&format!("/{service}/{method}")),
+    }
+}

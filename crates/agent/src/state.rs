@@ -1,0 +1,151 @@
+//! The agent's shared state: where its root is, the defaults `/init` sets, the access token,
+//! and the tables of processes and watchers.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use axum::http::HeaderMap;
+use base64::Engine;
+use warren_proto::connect::{Code, ConnectError};
+
+use crate::filesystem::watch::WatcherTable;
+use crate::paths::{self, ResolvedPath};
+use crate::process::table::ProcessTable;
+use crate::reaper::Reaper;
+use crate::users::{self, User};
+
+/// The user commands and file operations default to (E2B's templates use `user`).
+pub const DEFAULT_USER: &str = "user";
+
+/// What `/init` configures.
+#[derive(Debug, Clone)]
+pub struct Defaults {
+    pub user: String,
+    pub workdir: Option<String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+pub struct Agent {
+    /// `/` in a sandbox; `--root` in host mode.
+    pub root: PathBuf,
+    /// Whether we are PID 1 (sandbox mode).
+    pub is_pid1: bool,
+    pub defaults: RwLock<Defaults>,
+    pub access_token: RwLock<Option<String>>,
+    /// Latest `/init` timestamp applied (nanoseconds), so stale inits are ignored.
+    pub last_init_nanos: RwLock<i128>,
+    pub reaper: Arc<Reaper>,
+    pub processes: ProcessTable,
+    pub watchers: WatcherTable,
+    pub cpu_sampler: crate::http_api::metrics::CpuSampler,
+}
+
+impl Agent {
+    pub fn new(root: PathBuf, is_pid1: bool, reaper: Arc<Reaper>) -> Arc<Self> {
+        Arc::new(Agent {
+            root,
+            is_pid1,
+            defaults: RwLock::new(Defaults {
+                user: DEFAULT_USER.to_string(),
+                workdir: None,
+                env_vars: BTreeMap::new(),
+            }),
+            access_token: RwLock::new(None),
+            last_init_nanos: RwLock::new(i128::MIN),
+            reaper,
+            processes: ProcessTable::default(),
+            watchers: WatcherTable::default(),
+            cpu_sampler: Default::default(),
+        })
+    }
+
+    pub fn defaults(&self) -> Defaults {
+        self.defaults
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    pub fn token(&self) -> Option<String> {
+        self.access_token
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Whether `headers` carry the access token (always true when none is set).
+    pub fn token_matches(&self, headers: &HeaderMap) -> bool {
+        match self.token() {
+            None => true,
+            Some(expected) => headers
+                .get("x-access-token")
+                .map(|v| constant_time_eq(v.as_bytes(), expected.as_bytes()))
+                .unwrap_or(false),
+        }
+    }
+
+    /// Looks up a user by name in the sandbox's passwd.
+    pub fn user(&self, name: &str) -> Result<User, users::UserError> {
+        users::lookup_user(&self.root, name)
+    }
+
+    /// The user an RPC acts as: `Authorization: Basic base64(name:)`, else the default user.
+    pub fn rpc_user(&self, headers: &HeaderMap) -> Result<User, ConnectError> {
+        let requested = basic_auth_username(headers);
+        let name = requested.clone().unwrap_or_else(|| self.defaults().user);
+        self.user(&name).map_err(|e| {
+            let what = if requested.is_some() {
+                "invalid username"
+            } else {
+                "invalid default user"
+            };
+            ConnectError::new(Code::Unauthenticated, format!("{what} '{name}': {e}"))
+        })
+    }
+
+    /// Resolves a client path for `user` (see `paths::resolve`).
+    pub fn resolve(&self, user: &User, path: &str) -> Result<ResolvedPath, paths::PathError> {
+        let defaults = self.defaults();
+        paths::resolve(&self.root, &user.home, defaults.workdir.as_deref(), path)
+    }
+}
+
+/// The user name from a Basic `Authorization` header (the SDK sends `base64("name:")`).
+pub fn basic_auth_username(headers: &HeaderMap) -> Option<String> {
+    let value = headers.get("authorization")?.to_str().ok()?;
+    let encoded = value
+        .strip_prefix("Basic ")
+        .or_else(|| value.strip_prefix("basic "))?;
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded.trim())
+        .ok()?;
+    let text = String::from_utf8(decoded).ok()?;
+    let name = text.split(':').next().unwrap_or("").to_string();
+    (!name.is_empty()).then_some(name)
+}
+
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn basic_auth_carries_the_user_name() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(basic_auth_username(&headers), None);
+        headers.insert("authorization", "Basic cm9vdDo=".parse().unwrap());
+        assert_eq!(basic_auth_username(&headers), Some("root".into()));
+        headers.insert("authorization", "Basic !!!".parse().unwrap());
+        assert_eq!(basic_auth_username(&headers), None);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

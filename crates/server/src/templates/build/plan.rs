@@ -1,0 +1,391 @@
+//! The internal build plan both inputs (an e2b.Dockerfile, the SDK's Template builder) turn into: a base,
+//! an ordered list of layer-producing steps, each with the environment it runs in and a content-addressed
+//! cache key, and what a sandbox of the finished template starts with.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::base_image::BaseImage;
+use super::context::CopyEntry;
+
+/// PATH of the base images Warren stands in for (Docker's default for Debian images).
+pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The user and directory a sandbox of an E2B template runs commands as and in unless the template says.
+pub const SANDBOX_USER: &str = "user";
+pub const SANDBOX_WORKDIR: &str = "/home/user";
+/// Bumped when the meaning of a cached layer changes, so old caches are not reused.
+const CACHE_FORMAT: &str = "warren-layer-v1";
+
+/// Environment a step runs in (and, for the last one, a sandbox of the template starts with).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecState {
+    /// ENV: persists into the template.
+    pub env: BTreeMap<String, String>,
+    /// Declared ARGs with a value: visible to RUN only, not kept in the template.
+    pub build_args: BTreeMap<String, String>,
+    pub user: String,
+    pub workdir: String,
+    /// SHELL: how shell-form RUN is run.
+    pub shell: Vec<String>,
+}
+
+impl ExecState {
+    /// The state a Dockerfile starts in: root in `/`, PATH set, `/bin/sh -c`.
+    pub fn dockerfile_start() -> ExecState {
+        ExecState {
+            env: BTreeMap::from([("PATH".to_string(), DEFAULT_PATH.to_string())]),
+            build_args: BTreeMap::new(),
+            user: "root".into(),
+            workdir: "/".into(),
+            shell: vec!["/bin/sh".into(), "-c".into()],
+        }
+    }
+
+    /// The state the SDK's Template builder starts in: E2B runs its steps as `user` in `/home/user`.
+    pub fn sdk_start() -> ExecState {
+        ExecState {
+            user: SANDBOX_USER.into(),
+            workdir: SANDBOX_WORKDIR.into(),
+            ..ExecState::dockerfile_start()
+        }
+    }
+
+    /// Variables for word expansion and the environment of RUN: ARGs, then ENV over them.
+    pub fn vars(&self) -> BTreeMap<String, String> {
+        let mut vars = self.build_args.clone();
+        vars.extend(self.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+        vars
+    }
+
+    /// Makes a relative path absolute against WORKDIR.
+    pub fn absolute(&self, path: &str) -> String {
+        if path.starts_with('/') {
+            path.to_string()
+        } else {
+            let base = self.workdir.trim_end_matches('/');
+            format!("{base}/{path}")
+        }
+    }
+}
+
+/// What a layer-producing step does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepAction {
+    /// Runs `argv` inside a build sandbox; the sandbox's writable layer becomes the new layer.
+    Run { argv: Vec<String> },
+    /// Writes files from the host into a new layer. `owner` is a `user[:group]` resolved against the
+    /// template's /etc/passwd (None: root); `mode` replaces the source permission bits.
+    Copy {
+        entries: Vec<CopyEntry>,
+        files_hash: String,
+        owner: Option<String>,
+        mode: Option<u32>,
+    },
+    /// WORKDIR: creates the directory (owned by `owner`) when it does not exist yet.
+    MakeDir { path: String, owner: String },
+}
+
+impl StepAction {
+    /// The part of the step that decides its output, for the cache key (not host paths).
+    fn key_material(&self) -> String {
+        match self {
+            StepAction::Run { argv } => format!("RUN\0{}", argv.join("\0")),
+            StepAction::Copy {
+                files_hash,
+                owner,
+                mode,
+                ..
+            } => format!(
+                "COPY\0{files_hash}\0{}\0{}",
+                owner.as_deref().unwrap_or(""),
+                mode.map(|m| format!("{m:o}")).unwrap_or_default()
+            ),
+            StepAction::MakeDir { path, owner } => format!("MKDIR\0{path}\0{owner}"),
+        }
+    }
+}
+
+/// One step that produces a layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanStep {
+    /// The step's name in logs and errors: "base", or the instruction's 1-based number as the SDK counts.
+    pub id: String,
+    /// Human-readable instruction, e.g. `RUN pip install flask`.
+    pub title: String,
+    pub action: StepAction,
+    pub state: ExecState,
+    pub cache_key: String,
+    /// Rebuild even if cached (the SDK's `force` / `skip_cache()`).
+    pub force: bool,
+}
+
+/// Where the first layer comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BaseSource {
+    Image(BaseImage),
+    /// Another Warren template (`fromTemplate`): its layers, top-most first, and its final state.
+    Template {
+        name: String,
+        layers: Vec<PathBuf>,
+        key: String,
+        state: ExecState,
+    },
+}
+
+impl BaseSource {
+    /// Layers below every step, top-most first.
+    pub fn layers(&self) -> Vec<PathBuf> {
+        match self {
+            BaseSource::Image(image) => vec![image.rootfs.clone()],
+            BaseSource::Template { layers, .. } => layers.clone(),
+        }
+    }
+
+    fn key(&self) -> String {
+        match self {
+            BaseSource::Image(image) => {
+                sha256_hex(&[CACHE_FORMAT, "base", &rootfs_identity(&image.rootfs)])
+            }
+            BaseSource::Template { key, .. } => key.clone(),
+        }
+    }
+}
+
+/// Identifies one build of the base rootfs: its path and its completion stamp's mtime, so a rebuilt
+/// rootfs invalidates every layer on top of it.
+pub fn rootfs_identity(rootfs: &Path) -> String {
+    let stamp = rootfs.join(".warren-complete");
+    let modified = std::fs::metadata(&stamp)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_nanos().to_string())
+        .unwrap_or_else(|| "unstamped".into());
+    format!("{}\0{modified}", rootfs.display())
+}
+
+fn sha256_hex(parts: &[&str]) -> String {
+    let mut hasher = Sha256::new();
+    for part in parts {
+        hasher.update(part.as_bytes());
+        hasher.update([0x1e]);
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// A complete build plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildPlan {
+    pub base: BaseSource,
+    pub steps: Vec<PlanStep>,
+    /// ENV, user and workdir a sandbox of this template starts with.
+    pub final_state: ExecState,
+    pub start_cmd: Option<String>,
+    pub ready_cmd: Option<String>,
+    pub cpu_count: Option<u32>,
+    pub memory_mb: Option<u64>,
+    /// Notes for the build log (substituted base releases, ignored flags, unused build args).
+    pub warnings: Vec<String>,
+}
+
+impl BuildPlan {
+    /// The cache key of the last layer (the base's when there are no steps).
+    pub fn final_key(&self) -> String {
+        self.steps
+            .last()
+            .map(|s| s.cache_key.clone())
+            .unwrap_or_else(|| self.base.key())
+    }
+}
+
+/// Accumulates steps, chaining cache keys: key = H(parent key, action, state). A forced step forces the
+/// rest, as later layers sit on top of a new one.
+#[derive(Debug)]
+pub struct PlanBuilder {
+    base: BaseSource,
+    steps: Vec<PlanStep>,
+    pub state: ExecState,
+    parent_key: String,
+    forcing: bool,
+    pub warnings: Vec<String>,
+}
+
+impl PlanBuilder {
+    /// Starts a plan on `base`; an image base that needs setup gets a "base" step running its script as root.
+    pub fn new(base: BaseSource, start: ExecState) -> PlanBuilder {
+        let parent_key = base.key();
+        let state = match &base {
+            BaseSource::Template { state, .. } => state.clone(),
+            BaseSource::Image(_) => start.clone(),
+        };
+        let mut builder = PlanBuilder {
+            base: base.clone(),
+            steps: Vec::new(),
+            state,
+            parent_key,
+            forcing: false,
+            warnings: Vec::new(),
+        };
+        if let BaseSource::Image(image) = &base {
+            if let Some(note) = &image.note {
+                builder.warnings.push(note.clone());
+            }
+            if let Some(script) = image.setup_script() {
+                let root = ExecState::dockerfile_start();
+                builder.push(
+                    "base".into(),
+                    format!("FROM {}", image.image),
+                    StepAction::Run {
+                        argv: vec!["/bin/sh".into(), "-c".into(), script],
+                    },
+                    root,
+                    false,
+                );
+            }
+        }
+        builder
+    }
+
+    fn push(
+        &mut self,
+        id: String,
+        title: String,
+        action: StepAction,
+        state: ExecState,
+        force: bool,
+    ) {
+        self.forcing |= force;
+        let state_json = serde_json::to_string(&state).unwrap_or_default();
+        let key = sha256_hex(&[
+            CACHE_FORMAT,
+            &self.parent_key,
+            &action.key_material(),
+            &state_json,
+        ]);
+        self.parent_key = key.clone();
+        self.steps.push(PlanStep {
+            id,
+            title,
+            action,
+            state,
+            cache_key: key,
+            force: self.forcing,
+        });
+    }
+
+    /// RUN `argv` as `user` (None: the current USER).
+    pub fn run(
+        &mut self,
+        id: String,
+        title: String,
+        argv: Vec<String>,
+        user: Option<String>,
+        force: bool,
+    ) {
+        let mut state = self.state.clone();
+        if let Some(user) = user {
+            state.user = user;
+        }
+        self.push(id, title, StepAction::Run { argv }, state, force);
+    }
+
+    /// COPY/ADD: `action` is a [`StepAction::Copy`].
+    pub fn copy(&mut self, id: String, title: String, action: StepAction, force: bool) {
+        let state = self.state.clone();
+        self.push(id, title, action, state, force);
+    }
+
+    /// WORKDIR: switch to `path` (absolute already) and create it owned by the current user.
+    pub fn workdir(&mut self, id: String, title: String, path: String, force: bool) {
+        self.state.workdir = path.clone();
+        let owner = self.state.user.clone();
+        let state = self.state.clone();
+        self.push(id, title, StepAction::MakeDir { path, owner }, state, force);
+    }
+
+    pub fn finish(
+        self,
+        final_state: ExecState,
+        start_cmd: Option<String>,
+        ready_cmd: Option<String>,
+        cpu_count: Option<u32>,
+        memory_mb: Option<u64>,
+    ) -> BuildPlan {
+        BuildPlan {
+            base: self.base,
+            steps: self.steps,
+            final_state,
+            start_cmd,
+            ready_cmd,
+            cpu_count,
+            memory_mb,
+            warnings: self.warnings,
+        }
+    }
+}
+
+/// Parses a `--chmod` / SDK mode string (octal, e.g. `755` or `0644`).
+pub fn parse_mode(text: &str) -> Option<u32> {
+    let mode = u32::from_str_radix(text.trim(), 8).ok()?;
+    (mode <= 0o7777).then_some(mode)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::templates::build::base_image;
+
+    fn image_base(image: &str) -> BaseSource {
+        BaseSource::Image(base_image::resolve(image, Path::new("/nonexistent/rootfs")).unwrap())
+    }
+
+    #[test]
+    fn keys_chain_and_depend_on_state() {
+        let mut a = PlanBuilder::new(image_base("debian:12"), ExecState::dockerfile_start());
+        a.run("1".into(), "RUN x".into(), vec!["x".into()], None, false);
+        a.run("2".into(), "RUN y".into(), vec!["y".into()], None, false);
+        let mut b = PlanBuilder::new(image_base("debian:12"), ExecState::dockerfile_start());
+        b.run("1".into(), "RUN x".into(), vec!["x".into()], None, false);
+        b.state.env.insert("A".into(), "1".into());
+        b.run("2".into(), "RUN y".into(), vec!["y".into()], None, false);
+        assert_eq!(a.steps[0].cache_key, b.steps[0].cache_key);
+        assert_ne!(a.steps[1].cache_key, b.steps[1].cache_key);
+        let mut c = PlanBuilder::new(image_base("debian:12"), ExecState::dockerfile_start());
+        c.run("1".into(), "RUN z".into(), vec!["z".into()], None, false);
+        c.run("2".into(), "RUN y".into(), vec!["y".into()], None, false);
+        // Same instruction on a different parent: different key.
+        assert_ne!(a.steps[1].cache_key, c.steps[1].cache_key);
+    }
+
+    #[test]
+    fn python_base_gets_a_base_step_and_force_propagates() {
+        let mut p = PlanBuilder::new(image_base("python:3.11"), ExecState::dockerfile_start());
+        assert_eq!(p.steps.len(), 1);
+        assert_eq!(p.steps[0].id, "base");
+        assert_eq!(p.steps[0].state.user, "root");
+        p.run("1".into(), "RUN a".into(), vec!["a".into()], None, true);
+        p.run("2".into(), "RUN b".into(), vec!["b".into()], None, false);
+        assert!(!p.steps[0].force);
+        assert!(p.steps[1].force && p.steps[2].force);
+    }
+
+    #[test]
+    fn relative_paths_resolve_against_workdir() {
+        let mut s = ExecState::sdk_start();
+        assert_eq!(s.absolute("app"), "/home/user/app");
+        s.workdir = "/".into();
+        assert_eq!(s.absolute("app"), "/app");
+        assert_eq!(s.absolute("/etc/x"), "/etc/x");
+    }
+
+    #[test]
+    fn modes_parse_as_octal() {
+        assert_eq!(parse_mode("755"), Some(0o755));
+        assert_eq!(parse_mode("0644"), Some(0o644));
+        assert_eq!(parse_mode("rwx"), None);
+        assert_eq!(parse_mode("77777"), None);
+    }
+}

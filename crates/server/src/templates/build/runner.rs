@@ -1,0 +1,890 @@
+//! Executes a [`BuildPlan`]: every RUN in a real Warren sandbox on the layers so far (its writable layer
+//! committed as the next layer), COPY/ADD and WORKDIR written on the host, cached layers reused by key,
+//! then start_cmd + ready_cmd + checkpoint (or a cold template where this host cannot checkpoint).
+//! Progress goes to a [`BuildJob`]; the result is a [`BuiltTemplate`] saved in [`TemplateVersions`].
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use warren_runtime::{NetworkSpec, Resources, Runtime, RuntimeError, SandboxSpec};
+
+use super::agent_commands::{CommandError, CommandRunner, CommandSpec, OutputStream};
+use super::job::{BuildJob, LineSplitter, LogLevel};
+use super::layers::{write_copy_layer, write_workdir_layer, LayerError, LayerStack, LayerStore};
+use super::plan::{BaseSource, BuildPlan, PlanStep, StepAction};
+use super::versions::{BuiltTemplate, TemplateStart, TemplateVersions, VersionError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("base rootfs {0} is missing; run scripts/setup (40-rootfs.sh) to build it")]
+    BaseMissing(PathBuf),
+    #[error("step {step} ({title}) failed with exit code {code}")]
+    StepFailed {
+        step: String,
+        title: String,
+        code: i32,
+    },
+    #[error("step {step} ({title}): {source}")]
+    Runtime {
+        step: String,
+        title: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("step {step} ({title}): {source}")]
+    Command {
+        step: String,
+        title: String,
+        #[source]
+        source: Box<CommandError>,
+    },
+    #[error("step {step} ({title}): {source}")]
+    Layer {
+        step: String,
+        title: String,
+        #[source]
+        source: LayerError,
+    },
+    #[error("finalize: {0}")]
+    Finalize(String),
+    #[error(transparent)]
+    Version(#[from] VersionError),
+}
+
+impl BuildError {
+    /// The step to name in the SDK's failure reason.
+    pub fn step(&self) -> Option<&str> {
+        match self {
+            BuildError::StepFailed { step, .. }
+            | BuildError::Runtime { step, .. }
+            | BuildError::Command { step, .. }
+            | BuildError::Layer { step, .. } => Some(step),
+            BuildError::Finalize(_) => Some(FINALIZE_STEP),
+            BuildError::BaseMissing(_) => Some("base"),
+            BuildError::Version(_) => None,
+        }
+    }
+}
+
+/// The SDK's name for the start/ready/snapshot phase.
+pub const FINALIZE_STEP: &str = "finalize";
+
+/// Knobs of the build runner.
+#[derive(Debug, Clone)]
+pub struct BuildSettings {
+    pub state_dir: PathBuf,
+    /// Build sandboxes are named `<prefix><build id>-<step>` (tests use `wt-`).
+    pub sandbox_prefix: String,
+    /// Limits of each RUN sandbox (the template's cpu/memory apply to the final sandbox).
+    pub step_resources: Resources,
+    /// RUN steps usually download packages: NAT to the uplink.
+    pub allow_internet: bool,
+    /// How long ready_cmd may keep failing after start_cmd started.
+    pub ready_timeout: Duration,
+    pub ready_interval: Duration,
+}
+
+impl BuildSettings {
+    pub fn new(state_dir: &Path) -> BuildSettings {
+        BuildSettings {
+            state_dir: state_dir.to_path_buf(),
+            sandbox_prefix: "bld-".into(),
+            step_resources: Resources {
+                vcpus: 2.0,
+                memory_mib: 2048,
+                disk_mib: 8192,
+                max_pids: 4096,
+            },
+            allow_internet: true,
+            ready_timeout: Duration::from_secs(120),
+            ready_interval: Duration::from_millis(500),
+        }
+    }
+}
+
+/// Runs builds against a runtime and an agent client.
+pub struct TemplateBuilder<'a> {
+    runtime: &'a dyn Runtime,
+    commands: &'a dyn CommandRunner,
+    settings: BuildSettings,
+    layers: LayerStore,
+    versions: TemplateVersions,
+}
+
+/// Destroys a build sandbox however the step ends.
+struct SandboxGuard<'a> {
+    runtime: &'a dyn Runtime,
+    id: String,
+    armed: bool,
+}
+
+impl Drop for SandboxGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            if let Err(e) = self.runtime.destroy(&self.id) {
+                tracing::warn!(sandbox = %self.id, error = %e, "destroying build sandbox");
+            }
+        }
+    }
+}
+
+impl<'a> TemplateBuilder<'a> {
+    pub fn new(
+        runtime: &'a dyn Runtime,
+        commands: &'a dyn CommandRunner,
+        settings: BuildSettings,
+    ) -> Self {
+        let layers = LayerStore::new(&settings.state_dir);
+        let versions = TemplateVersions::new(&settings.state_dir);
+        TemplateBuilder {
+            runtime,
+            commands,
+            settings,
+            layers,
+            versions,
+        }
+    }
+
+    pub fn layers(&self) -> &LayerStore {
+        &self.layers
+    }
+
+    pub fn versions(&self) -> &TemplateVersions {
+        &self.versions
+    }
+
+    /// Builds `plan` as `template_id`/`build_id`, reporting to `job` (left ready or error).
+    pub fn build(
+        &self,
+        plan: &BuildPlan,
+        template_id: &str,
+        build_id: &str,
+        job: &BuildJob,
+    ) -> Result<BuiltTemplate, BuildError> {
+        let mut steps: Vec<(String, String)> = plan
+            .steps
+            .iter()
+            .map(|s| (s.id.clone(), s.title.clone()))
+            .collect();
+        steps.push((FINALIZE_STEP.into(), finalize_title(plan)));
+        job.set_steps(steps);
+        let result = self.build_inner(plan, template_id, build_id, job);
+        match &result {
+            Ok(built) => {
+                job.log(
+                    LogLevel::Info,
+                    None,
+                    format!(
+                        "template {template_id} build {build_id} ready in {:.1}s ({} of {} steps cached)",
+                        built.build_seconds, built.cached_steps, built.total_steps
+                    ),
+                );
+                job.ready();
+            }
+            Err(e) => job.fail(e.to_string(), e.step()),
+        }
+        result
+    }
+
+    fn build_inner(
+        &self,
+        plan: &BuildPlan,
+        template_id: &str,
+        build_id: &str,
+        job: &BuildJob,
+    ) -> Result<BuiltTemplate, BuildError> {
+        let started = Instant::now();
+        // Validate ids before any sandbox exists.
+        let build_dir = self.versions.build_dir(template_id, build_id)?;
+        for warning in &plan.warnings {
+            job.log(LogLevel::Warn, None, warning.clone());
+        }
+        if let BaseSource::Image(image) = &plan.base {
+            if !image.rootfs.is_dir() {
+                return Err(BuildError::BaseMissing(image.rootfs.clone()));
+            }
+            job.log(
+                LogLevel::Info,
+                Some("base"),
+                format!(
+                    "FROM {} (Debian 12 base at {})",
+                    image.image,
+                    image.rootfs.display()
+                ),
+            );
+        }
+        let mut stack = plan.base.layers();
+        let mut keys = Vec::new();
+        let mut cached_steps = 0;
+        for step in &plan.steps {
+            job.step_started(&step.id);
+            job.log(
+                LogLevel::Info,
+                Some(&step.id),
+                format!("[{}] {}", step.id, step.title),
+            );
+            let cached = if step.force {
+                None
+            } else {
+                self.layers
+                    .lookup(&step.cache_key)
+                    .map_err(|source| layer_err(step, source))?
+            };
+            let info = match cached {
+                Some(info) => {
+                    cached_steps += 1;
+                    job.log(
+                        LogLevel::Info,
+                        Some(&step.id),
+                        format!("CACHED {}", short(&step.cache_key)),
+                    );
+                    job.step_finished(&step.id, true);
+                    info
+                }
+                None => {
+                    let t = Instant::now();
+                    let info = self.execute(step, &stack, build_id, job)?;
+                    job.log(
+                        LogLevel::Info,
+                        Some(&step.id),
+                        format!(
+                            "done in {:.1}s, layer {} ({} bytes)",
+                            t.elapsed().as_secs_f64(),
+                            short(&info.key),
+                            info.size_bytes
+                        ),
+                    );
+                    job.step_finished(&step.id, false);
+                    info
+                }
+            };
+            if !info.empty {
+                stack.insert(0, self.layers.fs_dir(&step.cache_key));
+            }
+            keys.push(step.cache_key.clone());
+        }
+
+        job.step_started(FINALIZE_STEP);
+        let start = self.finalize(plan, &stack, build_id, &build_dir, job)?;
+        job.step_finished(FINALIZE_STEP, false);
+
+        let built = BuiltTemplate {
+            template_id: template_id.into(),
+            build_id: build_id.into(),
+            created_at: chrono::Utc::now().to_rfc3339(),
+            layers: stack,
+            layer_keys: keys,
+            final_key: plan.final_key(),
+            env: plan.final_state.env.clone(),
+            user: plan.final_state.user.clone(),
+            workdir: plan.final_state.workdir.clone(),
+            start_cmd: plan.start_cmd.clone(),
+            ready_cmd: plan.ready_cmd.clone(),
+            cpu_count: plan.cpu_count,
+            memory_mb: plan.memory_mb,
+            start,
+            build_seconds: started.elapsed().as_secs_f64(),
+            cached_steps,
+            total_steps: plan.steps.len(),
+        };
+        self.versions.save(&built)?;
+        Ok(built)
+    }
+
+    fn execute(
+        &self,
+        step: &PlanStep,
+        stack: &[PathBuf],
+        build_id: &str,
+        job: &BuildJob,
+    ) -> Result<super::layers::LayerInfo, BuildError> {
+        let pending = self
+            .layers
+            .begin(&step.cache_key)
+            .map_err(|source| layer_err(step, source))?;
+        match &step.action {
+            StepAction::Run { argv } => {
+                let sandbox_id = self.sandbox_id(build_id, &step.id);
+                let below = LayerStack::new(stack.to_vec());
+                let spec = SandboxSpec {
+                    id: sandbox_id.clone(),
+                    layers: stack.to_vec(),
+                    resources: self.settings.step_resources.clone(),
+                    network: NetworkSpec {
+                        allow_internet: self.settings.allow_internet,
+                    },
+                };
+                let sandbox = self
+                    .runtime
+                    .create(&spec)
+                    .map_err(|source| runtime_err(step, source))?;
+                let _guard = SandboxGuard {
+                    runtime: self.runtime,
+                    id: sandbox_id.clone(),
+                    armed: true,
+                };
+                let command = CommandSpec {
+                    argv: argv.clone(),
+                    env: step.state.vars(),
+                    cwd: step.state.workdir.clone(),
+                    user: below.user_name(&step.state.user),
+                };
+                let code = self
+                    .run_logged(sandbox.agent_addr(), &command, &step.id, job)
+                    .map_err(|source| BuildError::Command {
+                        step: step.id.clone(),
+                        title: step.title.clone(),
+                        source: Box::new(source),
+                    })?;
+                if code != 0 {
+                    return Err(BuildError::StepFailed {
+                        step: step.id.clone(),
+                        title: step.title.clone(),
+                        code,
+                    });
+                }
+                self.runtime
+                    .commit_layer(&sandbox_id, &pending.fs_dir())
+                    .map_err(|source| runtime_err(step, source))?;
+            }
+            StepAction::Copy {
+                entries,
+                owner,
+                mode,
+                ..
+            } => {
+                let fs_dir = pending
+                    .create_fs_dir()
+                    .map_err(|source| layer_err(step, source))?;
+                write_copy_layer(
+                    &fs_dir,
+                    &LayerStack::new(stack.to_vec()),
+                    entries,
+                    owner.as_deref(),
+                    *mode,
+                )
+                .map_err(|source| layer_err(step, source))?;
+            }
+            StepAction::MakeDir { path, owner } => {
+                let fs_dir = pending
+                    .create_fs_dir()
+                    .map_err(|source| layer_err(step, source))?;
+                write_workdir_layer(&fs_dir, &LayerStack::new(stack.to_vec()), path, owner)
+                    .map_err(|source| layer_err(step, source))?;
+            }
+        }
+        self.layers
+            .commit(pending, &step.title)
+            .map_err(|source| layer_err(step, source))
+    }
+
+    /// Runs a command, logging its output line by line under `step`.
+    fn run_logged(
+        &self,
+        addr: std::net::SocketAddr,
+        command: &CommandSpec,
+        step: &str,
+        job: &BuildJob,
+    ) -> Result<i32, CommandError> {
+        let mut stdout = LineSplitter::default();
+        let mut stderr = LineSplitter::default();
+        let code = self.commands.run(addr, command, &mut |stream, bytes| {
+            let splitter = match stream {
+                OutputStream::Stdout => &mut stdout,
+                OutputStream::Stderr => &mut stderr,
+            };
+            for line in splitter.push(bytes) {
+                job.log(LogLevel::Info, Some(step), line);
+            }
+        })?;
+        for line in [stdout.finish(), stderr.finish()].into_iter().flatten() {
+            job.log(LogLevel::Info, Some(step), line);
+        }
+        Ok(code)
+    }
+
+    fn sandbox_id(&self, build_id: &str, step: &str) -> String {
+        let short: String = build_id
+            .chars()
+            .filter(|c| c.is_ascii_alphanumeric())
+            .take(12)
+            .collect();
+        format!("{}{short}-{step}", self.settings.sandbox_prefix)
+    }
+
+    /// start_cmd → ready_cmd → checkpoint (or cold).
+    fn finalize(
+        &self,
+        plan: &BuildPlan,
+        stack: &[PathBuf],
+        build_id: &str,
+        build_dir: &Path,
+        job: &BuildJob,
+    ) -> Result<TemplateStart, BuildError> {
+        let Some(start_cmd) = plan.start_cmd.as_deref() else {
+            job.log(
+                LogLevel::Info,
+                Some(FINALIZE_STEP),
+                "no start command: template is its layers",
+            );
+            return Ok(TemplateStart::Plain);
+        };
+        let finalize = |m: String| BuildError::Finalize(m);
+        let sandbox_id = self.sandbox_id(build_id, FINALIZE_STEP);
+        let mut resources = self.settings.step_resources.clone();
+        if let Some(cpu) = plan.cpu_count {
+            resources.vcpus = f64::from(cpu);
+        }
+        if let Some(mem) = plan.memory_mb {
+            resources.memory_mib = mem;
+        }
+        let spec = SandboxSpec {
+            id: sandbox_id.clone(),
+            layers: stack.to_vec(),
+            resources,
+            network: NetworkSpec {
+                allow_internet: self.settings.allow_internet,
+            },
+        };
+        let sandbox = self
+            .runtime
+            .create(&spec)
+            .map_err(|e| finalize(format!("creating the start sandbox: {e}")))?;
+        let mut guard = SandboxGuard {
+            runtime: self.runtime,
+            id: sandbox_id.clone(),
+            armed: true,
+        };
+        let below = LayerStack::new(stack.to_vec());
+        let user = below.user_name(&plan.final_state.user);
+        let shell = |cmd: &str| CommandSpec {
+            argv: vec!["/bin/sh".into(), "-c".into(), cmd.into()],
+            env: plan.final_state.env.clone(),
+            cwd: plan.final_state.workdir.clone(),
+            user: user.clone(),
+        };
+        job.log(
+            LogLevel::Info,
+            Some(FINALIZE_STEP),
+            format!("starting: {start_cmd}"),
+        );
+        let log_job = job.clone();
+        let mut splitter = LineSplitter::default();
+        let process = self
+            .commands
+            .spawn(
+                sandbox.agent_addr(),
+                &shell(start_cmd),
+                Box::new(move |_, bytes| {
+                    for line in splitter.push(bytes) {
+                        log_job.log(LogLevel::Info, Some(FINALIZE_STEP), line);
+                    }
+                }),
+            )
+            .map_err(|e| finalize(format!("starting start_cmd: {e}")))?;
+
+        let ready_cmd = plan.ready_cmd.as_deref();
+        let deadline = Instant::now() + self.settings.ready_timeout;
+        let started = Instant::now();
+        loop {
+            if let Some(code) = process.exit_code() {
+                return Err(finalize(format!(
+                    "start_cmd exited with code {code} before the template was ready"
+                )));
+            }
+            let ready = match ready_cmd {
+                Some(cmd) => {
+                    let code = self
+                        .commands
+                        .run(sandbox.agent_addr(), &shell(cmd), &mut |_, _| {})
+                        .map_err(|e| finalize(format!("running ready_cmd: {e}")))?;
+                    code == 0
+                }
+                // Without a ready check: ready once start_cmd has stayed up for a moment.
+                None => started.elapsed() >= Duration::from_secs(2),
+            };
+            if ready {
+                break;
+            }
+            if Instant::now() >= deadline {
+                return Err(finalize(format!(
+                    "ready_cmd {:?} did not succeed within {}s",
+                    ready_cmd.unwrap_or(""),
+                    self.settings.ready_timeout.as_secs()
+                )));
+            }
+            std::thread::sleep(self.settings.ready_interval);
+        }
+        job.log(
+            LogLevel::Info,
+            Some(FINALIZE_STEP),
+            format!("ready after {:.1}s", started.elapsed().as_secs_f64()),
+        );
+        // Stop following start_cmd's output before the snapshot.
+        drop(process);
+        if self.runtime.capabilities().checkpoint {
+            let dir = build_dir.join("checkpoint");
+            let info = self
+                .runtime
+                .checkpoint(&sandbox_id, &dir, false)
+                .map_err(|e| finalize(format!("checkpointing the started template: {e}")))?;
+            guard.armed = false;
+            job.log(
+                LogLevel::Info,
+                Some(FINALIZE_STEP),
+                format!("checkpoint written ({} bytes)", info.size_bytes),
+            );
+            Ok(TemplateStart::Checkpoint { dir: info.dir })
+        } else {
+            job.log(
+                LogLevel::Warn,
+                Some(FINALIZE_STEP),
+                "this host cannot checkpoint: sandboxes of this template run start_cmd when created",
+            );
+            Ok(TemplateStart::Cold)
+        }
+    }
+}
+
+fn finalize_title(plan: &BuildPlan) -> String {
+    match &plan.start_cmd {
+        Some(cmd) => format!("start {cmd}"),
+        None => "finalize".into(),
+    }
+}
+
+fn short(key: &str) -> &str {
+    &key[..key.len().min(12)]
+}
+
+fn layer_err(step: &PlanStep, source: LayerError) -> BuildError {
+    BuildError::Layer {
+        step: step.id.clone(),
+        title: step.title.clone(),
+        source,
+    }
+}
+
+fn runtime_err(step: &PlanStep, source: RuntimeError) -> BuildError {
+    BuildError::Runtime {
+        step: step.id.clone(),
+        title: step.title.clone(),
+        source,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::templates::build::agent_commands::{BackgroundProcess, OutputSink};
+    use crate::templates::build::base_image;
+    use crate::templates::build::context::BuildContext;
+    use crate::templates::build::dockerfile_plan::{plan_dockerfile, DockerfileInput};
+    use crate::templates::build::e2b_toml::E2bToml;
+    use crate::templates::build::job::{BuildStatus, StepStatus};
+    use std::collections::BTreeMap;
+    use std::net::{Ipv4Addr, SocketAddr};
+    use std::sync::Mutex;
+    use warren_runtime::{Capabilities, CheckpointInfo, ProcessInfo, RuntimeState, Sandbox, Stats};
+
+    /// Records calls; `commit_layer` writes a file naming the sandbox, as a RUN would leave changes.
+    #[derive(Default)]
+    struct FakeRuntime {
+        created: Mutex<Vec<SandboxSpec>>,
+        destroyed: Mutex<Vec<String>>,
+        checkpoint: bool,
+    }
+
+    impl Runtime for FakeRuntime {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities {
+                cgroup_version: 1,
+                checkpoint: self.checkpoint,
+            }
+        }
+        fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+            self.created.lock().unwrap().push(spec.clone());
+            Ok(Sandbox {
+                id: spec.id.clone(),
+                ip: Ipv4Addr::LOCALHOST,
+                init_pid: 1,
+                state: RuntimeState::Running,
+                created_at: std::time::SystemTime::now(),
+            })
+        }
+        fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+            self.destroyed.lock().unwrap().push(id.into());
+            Ok(())
+        }
+        fn freeze(&self, _: &str) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+        fn thaw(&self, _: &str) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+        fn stats(&self, _: &str) -> Result<Stats, RuntimeError> {
+            Ok(Stats::default())
+        }
+        fn processes(&self, _: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
+            Ok(Vec::new())
+        }
+        fn kill_process(&self, _: &str, _: u32, _: i32) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+        fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+            Ok(Vec::new())
+        }
+        fn checkpoint(
+            &self,
+            id: &str,
+            dest: &Path,
+            _: bool,
+        ) -> Result<CheckpointInfo, RuntimeError> {
+            std::fs::create_dir_all(dest).unwrap();
+            self.destroyed.lock().unwrap().push(id.into());
+            Ok(CheckpointInfo {
+                dir: dest.to_path_buf(),
+                size_bytes: 1,
+            })
+        }
+        fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
+            assert!(!dest.exists(), "commit_layer wants a fresh destination");
+            std::fs::create_dir_all(dest).unwrap();
+            std::fs::write(dest.join(format!("made-by-{id}")), "x").unwrap();
+            Ok(1)
+        }
+        fn restore(&self, _: &Path, _: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+            Err(RuntimeError::Unsupported("fake".into()))
+        }
+    }
+
+    /// Exit code 1 for commands containing "fail"; echoes the command; ready_cmd succeeds.
+    #[derive(Default)]
+    struct FakeCommands {
+        ran: Mutex<Vec<CommandSpec>>,
+    }
+
+    struct Running;
+    impl BackgroundProcess for Running {
+        fn exit_code(&self) -> Option<i32> {
+            None
+        }
+    }
+
+    impl CommandRunner for FakeCommands {
+        fn run(
+            &self,
+            _: SocketAddr,
+            command: &CommandSpec,
+            on_output: &mut dyn FnMut(OutputStream, &[u8]),
+        ) -> Result<i32, CommandError> {
+            self.ran.lock().unwrap().push(command.clone());
+            let text = command.argv.join(" ");
+            on_output(OutputStream::Stdout, format!("running {text}\n").as_bytes());
+            Ok(if text.contains("fail") { 1 } else { 0 })
+        }
+        fn spawn(
+            &self,
+            _: SocketAddr,
+            command: &CommandSpec,
+            mut on_output: OutputSink,
+        ) -> Result<Box<dyn BackgroundProcess>, CommandError> {
+            self.ran.lock().unwrap().push(command.clone());
+            on_output(OutputStream::Stdout, b"serving\n");
+            Ok(Box::new(Running))
+        }
+    }
+
+    struct Setup {
+        state: tempfile::TempDir,
+        rootfs: tempfile::TempDir,
+        context: tempfile::TempDir,
+    }
+
+    impl Setup {
+        fn new() -> Setup {
+            let rootfs = tempfile::tempdir().unwrap();
+            std::fs::create_dir_all(rootfs.path().join("etc")).unwrap();
+            std::fs::write(
+                rootfs.path().join("etc/passwd"),
+                "root:x:0:0::/root:/bin/sh\nuser:x:1000:1000::/home/user:/bin/bash\n",
+            )
+            .unwrap();
+            std::fs::create_dir_all(rootfs.path().join("home/user")).unwrap();
+            let context = tempfile::tempdir().unwrap();
+            std::fs::write(context.path().join("requirements.txt"), "flask\n").unwrap();
+            Setup {
+                state: tempfile::tempdir().unwrap(),
+                rootfs,
+                context,
+            }
+        }
+
+        fn plan(&self, text: &str, start: Option<&str>) -> BuildPlan {
+            let ctx = BuildContext::open(self.context.path()).unwrap();
+            let config = E2bToml {
+                start_cmd: start.map(String::from),
+                ready_cmd: start.map(|_| "curl -sf localhost:8000".to_string()),
+                ..Default::default()
+            };
+            plan_dockerfile(&DockerfileInput {
+                dockerfile: text,
+                context: &ctx,
+                build_args: &BTreeMap::new(),
+                config: &config,
+                rootfs: self.rootfs.path(),
+            })
+            .unwrap()
+        }
+
+        fn settings(&self) -> BuildSettings {
+            BuildSettings {
+                sandbox_prefix: "wt-".into(),
+                ready_interval: Duration::from_millis(1),
+                ..BuildSettings::new(self.state.path())
+            }
+        }
+    }
+
+    const DOCKERFILE: &str = "FROM debian:12\nWORKDIR /app\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nUSER user\nRUN echo done\n";
+
+    #[test]
+    fn builds_then_rebuild_hits_the_cache() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let commands = FakeCommands::default();
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let plan = setup.plan(DOCKERFILE, None);
+
+        let job = BuildJob::new("t1", "b1");
+        let built = builder.build(&plan, "t1", "b1", &job).unwrap();
+        assert_eq!(job.status(), BuildStatus::Ready);
+        assert_eq!(built.cached_steps, 0);
+        assert_eq!(built.total_steps, 4);
+        assert_eq!(runtime.created.lock().unwrap().len(), 2);
+        // Each RUN sandbox sees the layers below it, top-most first, ending with the rootfs.
+        let specs = runtime.created.lock().unwrap().clone();
+        assert_eq!(specs[0].layers.len(), 3);
+        assert_eq!(specs[0].layers.last().unwrap(), setup.rootfs.path());
+        assert_eq!(specs[1].layers.len(), 4);
+        assert!(specs.iter().all(|s| s.id.starts_with("wt-")));
+        assert_eq!(runtime.destroyed.lock().unwrap().len(), 2);
+        let ran = commands.ran.lock().unwrap().clone();
+        assert_eq!(ran[0].user, "root");
+        assert_eq!(ran[0].cwd, "/app");
+        assert_eq!(ran[1].user, "user");
+        assert_eq!(built.layers.len(), 5);
+        assert_eq!(built.start, TemplateStart::Plain);
+        let copied = builder
+            .layers()
+            .fs_dir(&plan.steps[1].cache_key)
+            .join("app/requirements.txt");
+        assert_eq!(std::fs::read_to_string(copied).unwrap(), "flask\n");
+
+        let job2 = BuildJob::new("t1", "b2");
+        let rebuilt = builder.build(&plan, "t1", "b2", &job2).unwrap();
+        assert_eq!(rebuilt.cached_steps, 4);
+        assert_eq!(
+            runtime.created.lock().unwrap().len(),
+            2,
+            "no sandbox for cached steps"
+        );
+        assert_eq!(rebuilt.layers, built.layers);
+        assert!(job2.snapshot().steps[..4]
+            .iter()
+            .all(|s| s.status == StepStatus::Cached));
+        assert_eq!(builder.versions().list("t1").unwrap().len(), 2);
+
+        // Changing one RUN rebuilds it and what follows, not what precedes.
+        let changed = setup.plan(&DOCKERFILE.replace("echo done", "echo changed"), None);
+        let job3 = BuildJob::new("t1", "b3");
+        let third = builder.build(&changed, "t1", "b3", &job3).unwrap();
+        assert_eq!(third.cached_steps, 3);
+    }
+
+    #[test]
+    fn failing_step_is_named_with_its_output() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let commands = FakeCommands::default();
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let plan = setup.plan("FROM debian\nRUN echo ok\nRUN make fail\nRUN never\n", None);
+        let job = BuildJob::new("t1", "b1");
+        let err = builder.build(&plan, "t1", "b1", &job).unwrap_err();
+        assert!(
+            matches!(err, BuildError::StepFailed { code: 1, .. }),
+            "{err}"
+        );
+        let snapshot = job.snapshot();
+        assert_eq!(snapshot.status, BuildStatus::Error);
+        let reason = snapshot.reason.unwrap();
+        assert_eq!(reason.step.as_deref(), Some("2"));
+        assert!(
+            reason.message.contains("RUN make fail"),
+            "{}",
+            reason.message
+        );
+        assert!(reason
+            .log_entries
+            .iter()
+            .any(|e| e.message.contains("running /bin/sh -c make fail")));
+        // The failing sandbox was destroyed, and nothing after it ran.
+        assert_eq!(runtime.destroyed.lock().unwrap().len(), 2);
+        assert_eq!(commands.ran.lock().unwrap().len(), 2);
+        assert!(builder.versions().list("t1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn start_cmd_checkpoints_or_records_a_cold_template() {
+        let setup = Setup::new();
+        let commands = FakeCommands::default();
+        let plan = setup.plan(
+            "FROM debian\nRUN echo hi\n",
+            Some("python3 -m http.server 8000"),
+        );
+
+        let cold_runtime = FakeRuntime::default();
+        let builder = TemplateBuilder::new(&cold_runtime, &commands, setup.settings());
+        let built = builder
+            .build(&plan, "t1", "b1", &BuildJob::new("t1", "b1"))
+            .unwrap();
+        assert_eq!(built.start, TemplateStart::Cold);
+        assert_eq!(cold_runtime.destroyed.lock().unwrap().len(), 2);
+
+        let criu_runtime = FakeRuntime {
+            checkpoint: true,
+            ..Default::default()
+        };
+        let builder = TemplateBuilder::new(&criu_runtime, &commands, setup.settings());
+        let built = builder
+            .build(&plan, "t1", "b2", &BuildJob::new("t1", "b2"))
+            .unwrap();
+        match &built.start {
+            TemplateStart::Checkpoint { dir } => assert!(dir.ends_with("builds/b2/checkpoint")),
+            other => panic!("{other:?}"),
+        }
+        let ran = commands.ran.lock().unwrap().clone();
+        let start = ran
+            .iter()
+            .find(|c| c.argv.last().unwrap().contains("http.server"))
+            .unwrap();
+        assert_eq!(start.user, "user");
+        assert_eq!(start.cwd, "/home/user");
+    }
+
+    #[test]
+    fn missing_base_rootfs_is_a_clear_error() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let commands = FakeCommands::default();
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let mut plan = setup.plan("FROM debian\nRUN true\n", None);
+        plan.base = BaseSource::Image(
+            base_image::resolve("debian", Path::new("/nonexistent/rootfs")).unwrap(),
+        );
+        let job = BuildJob::new("t1", "b1");
+        let err = builder.build(&plan, "t1", "b1", &job).unwrap_err();
+        assert!(err.to_string().contains("scripts/setup"), "{err}");
+        assert_eq!(job.snapshot().reason.unwrap().step.as_deref(), Some("base"));
+    }
+}
