@@ -146,7 +146,7 @@ fn main() {
         };
         let sandbox = runtime.create(&spec).expect("create");
         start_holder(&sandbox, mib, &fill);
-        let resident = resident_bytes(&runtime, &id);
+        let resident = resident_bytes(&*runtime, &id);
         let (mut pauses, mut resumes, mut fork_frozen, mut fork_total) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut stored = 0;
