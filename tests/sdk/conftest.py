@@ -10,6 +10,7 @@ watch) is the SDK's own unmodified code path. See README.md.
 import os
 import pathlib
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -71,15 +72,16 @@ def make_root() -> pathlib.Path:
 
 
 class RunningAgent:
-    def __init__(self, binary: str):
+    def __init__(self, binary: str, wrapper=()):
         self.root = make_root()
+        self.wrapped = bool(wrapper)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(self.root.parent / f"{self.root.name}.log", "w+")
         self.proc = subprocess.Popen(
-            [binary, "--listen", f"127.0.0.1:{self.port}", "--root", str(self.root)],
+            [*wrapper, binary, "--listen", f"127.0.0.1:{self.port}", "--root", str(self.root)],
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
@@ -102,7 +104,7 @@ class RunningAgent:
     def home(self) -> pathlib.Path:
         return self.root / "home" / "user"
 
-    def sandbox(self, access_token=None) -> Sandbox:
+    def sandbox(self, access_token=None, cls=Sandbox):
         headers = {"E2b-Sandbox-Id": "wt-host-agent", "E2b-Sandbox-Port": "49983"}
         if access_token:
             headers["X-Access-Token"] = access_token
@@ -111,7 +113,7 @@ class RunningAgent:
             api_key="wt-unused",
             extra_sandbox_headers=headers,
         )
-        return Sandbox(
+        return cls(
             sandbox_id="wt-host-agent",
             sandbox_domain=None,
             envd_version=Version(ENVD_VERSION),
@@ -121,7 +123,15 @@ class RunningAgent:
 
     def stop(self):
         if self.proc.poll() is None:
-            self.proc.terminate()
+            # With a wrapper (unshare), SIGTERM goes to the agent itself, its only child.
+            target = self.proc.pid
+            if self.wrapped:
+                try:
+                    with open(f"/proc/{target}/task/{target}/children") as f:
+                        target = int(f.read().split()[0])
+                except (OSError, ValueError, IndexError):
+                    pass
+            os.kill(target, signal.SIGTERM)
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:

@@ -2,6 +2,7 @@
 both codecs, and bad input answered with protocol errors while the agent keeps serving."""
 
 import json
+import select
 import socket
 import struct
 
@@ -179,20 +180,25 @@ def test_sigterm_signal_and_unsupported_signal(shared_agent):
 
 
 def test_huge_headers_get_an_error_and_the_agent_keeps_serving(shared_agent):
-    big = "a" * (10 * 1024 * 1024)
-    host, port = "127.0.0.1", shared_agent.port
-    with socket.create_connection((host, port), timeout=30) as s:
+    # 10 MB of header, sent in pieces; we stop sending as soon as the agent answers so its
+    # reply is read before the connection closes.
+    reply = b""
+    with socket.create_connection(("127.0.0.1", shared_agent.port), timeout=30) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Big: ")
-        try:
-            s.sendall(big.encode() + b"\r\n\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+        piece = b"a" * 65536
+        for _ in range(160):
+            if select.select([s], [], [], 0)[0]:
+                break
+            try:
+                s.sendall(piece)
+            except (BrokenPipeError, ConnectionResetError):
+                break
         try:
             reply = s.recv(4096)
         except ConnectionResetError:
-            reply = b""
+            pass
     print("reply to 10 MB of headers:", reply[:40])
-    assert reply.startswith(b"HTTP/1.1 431") or reply.startswith(b"HTTP/1.1 400") or reply == b""
+    assert reply.startswith(b"HTTP/1.1 431")
     assert_healthy(shared_agent.url)
 
 

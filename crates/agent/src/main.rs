@@ -76,7 +76,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(listen: SocketAddr, root: PathBuf, is_pid1: bool) -> anyhow::Result<()> {
-    let reaper = reaper::Reaper::new();
+    let reaper = reaper::Reaper::global();
     tokio::spawn(reaper.clone().run());
     let agent = state::Agent::new(root.clone(), is_pid1, reaper);
     let app = http_api::router(agent.clone());
@@ -111,7 +111,11 @@ async fn serve(listen: SocketAddr, root: PathBuf, is_pid1: bool) -> anyhow::Resu
                 },
             );
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder.http1().max_buf_size(MAX_HEADER_BYTES.max(8192) * 2);
+            builder
+                .http1()
+                .max_buf_size(MAX_HEADER_BYTES * 2)
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(Duration::from_secs(30));
             builder
                 .http2()
                 .max_header_list_size(MAX_HEADER_BYTES as u32)

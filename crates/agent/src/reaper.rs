@@ -27,8 +27,11 @@ pub struct Reaper {
 }
 
 impl Reaper {
-    pub fn new() -> Arc<Self> {
-        Arc::new(Self::default())
+    /// The process's one reaper: `waitpid(-1)` is process-wide, so two would steal each
+    /// other's exit statuses.
+    pub fn global() -> Arc<Self> {
+        static GLOBAL: std::sync::OnceLock<Arc<Reaper>> = std::sync::OnceLock::new();
+        GLOBAL.get_or_init(|| Arc::new(Reaper::default())).clone()
     }
 
     /// Spawns `command` and registers for its exit status.
@@ -111,7 +114,7 @@ mod tests {
 
     #[tokio::test]
     async fn exit_statuses_reach_their_spawner() {
-        let reaper = Reaper::new();
+        let reaper = Reaper::global();
         let (_child, rx) = reaper
             .spawn(std::process::Command::new("/bin/sh").args(["-c", "exit 3"]))
             .unwrap();

@@ -90,11 +90,25 @@ impl Agent {
         users::lookup_user(&self.root, name)
     }
 
+    /// The default user; a rootfs without the built-in default `user` (and no `/init` choice)
+    /// falls back to `root`.
+    pub fn default_user(&self) -> Result<User, users::UserError> {
+        let name = self.defaults().user;
+        match self.user(&name) {
+            Err(users::UserError::Unknown(_)) if name == DEFAULT_USER => self.user("root"),
+            other => other,
+        }
+    }
+
     /// The user an RPC acts as: `Authorization: Basic base64(name:)`, else the default user.
     pub fn rpc_user(&self, headers: &HeaderMap) -> Result<User, ConnectError> {
         let requested = basic_auth_username(headers);
         let name = requested.clone().unwrap_or_else(|| self.defaults().user);
-        self.user(&name).map_err(|e| {
+        let found = match &requested {
+            Some(n) => self.user(n),
+            None => self.default_user(),
+        };
+        found.map_err(|e| {
             let what = if requested.is_some() {
                 "invalid username"
             } else {
@@ -135,6 +149,23 @@ pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_user_falls_back_to_root_only_when_user_is_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        std::fs::write(dir.path().join("etc/passwd"), "root:x:0:0::/root:/bin/sh\n").unwrap();
+        let agent = Agent::new(dir.path().to_path_buf(), false, Reaper::global());
+        assert_eq!(agent.rpc_user(&HeaderMap::new()).unwrap().name, "root");
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", "Basic dXNlcjo=".parse().unwrap()); // "user:"
+        assert_eq!(
+            agent.rpc_user(&headers).unwrap_err().code,
+            Code::Unauthenticated
+        );
+        agent.defaults.write().unwrap().user = "ghost".into();
+        assert!(agent.rpc_user(&HeaderMap::new()).is_err());
+    }
 
     #[test]
     fn basic_auth_carries_the_user_name() {

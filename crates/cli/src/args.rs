@@ -81,6 +81,15 @@ pub struct UpArgs {
     /// Hostname suffix for `Host: <port>-<id>.<domain>` routing in the proxy.
     #[arg(long, env = "WARREN_DOMAIN")]
     pub domain: Option<String>,
+    /// Most sandboxes (running or paused in memory) this node admits at once; more get 429.
+    #[arg(long, env = "WARREN_MAX_SANDBOXES")]
+    pub max_sandboxes: Option<u32>,
+    /// Most vCPUs all running sandboxes of this node may hold together; more get 429.
+    #[arg(long, env = "WARREN_MAX_TOTAL_VCPUS")]
+    pub max_total_vcpus: Option<f64>,
+    /// Most memory (MiB) all running sandboxes of this node may hold together; more get 429.
+    #[arg(long, env = "WARREN_MAX_TOTAL_MEMORY_MIB")]
+    pub max_total_memory_mib: Option<u64>,
 }
 
 /// Where Warren keeps its database and sandboxes.

@@ -1,7 +1,8 @@
 //! Pause (checkpoint without leave_running, sandbox torn down) and resume (restore until the agent
 //! answers) times through [`warren_runtime::LinuxRuntime`], for a sandbox holding 10, 100 and 500 MiB
 //! resident in one Python process; plus fork-style checkpoints (leave_running): their duration and the
-//! longest time the running original stopped answering meanwhile ("fork-stall").
+//! longest time the running original stopped answering meanwhile ("fork-stall"); and the p50 of
+//! creating a sandbox from a running template (restore under a new ID).
 //!
 //! Run as root: `cargo bench -p warren-runtime --bench checkpoint_pause_resume` (or
 //! `benches/checkpoint-pause-resume.sh`). Env: WARREN_BENCH_MIB (comma list, default 10,100,500),
@@ -44,6 +45,67 @@ fn start_holder(sandbox: &Sandbox, mib: u64, fill: &str) {
     }
 }
 
+/// Destroys what a run made even when it panics.
+struct Cleanup<'a> {
+    runtime: &'a warren_runtime::LinuxRuntime,
+    ids: Vec<String>,
+}
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for id in &self.ids {
+            let _ = self.runtime.destroy(id);
+        }
+    }
+}
+
+/// Template start: restores of one checkpoint of a running sandbox under new IDs, until each agent
+/// answers (what creating a sandbox from a running template costs).
+fn template_starts(
+    runtime: &warren_runtime::LinuxRuntime,
+    base: &std::path::Path,
+    n: usize,
+) -> Vec<Duration> {
+    let resources = Resources {
+        vcpus: 1.0,
+        memory_mib: 512,
+        disk_mib: 256,
+        max_pids: 256,
+    };
+    let spec = common::spec(
+        "wt-ckbench-tmpl",
+        vec![base.to_path_buf()],
+        resources.clone(),
+    );
+    let mut cleanup = Cleanup {
+        runtime,
+        ids: vec![spec.id.clone()],
+    };
+    let template = runtime.create(&spec).expect("create template sandbox");
+    start_holder(&template, 10, "text");
+    let checkpoint = runtime.config().state_dir.join("snapshots/template");
+    runtime
+        .checkpoint(&spec.id, &checkpoint, false)
+        .expect("template checkpoint");
+    let mut times = Vec::new();
+    for i in 0..n {
+        let copy = common::spec(
+            &format!("wt-ckbench-t{i}"),
+            vec![base.to_path_buf()],
+            resources.clone(),
+        );
+        cleanup.ids.push(copy.id.clone());
+        let started = Instant::now();
+        let sandbox = runtime
+            .restore(&checkpoint, &copy)
+            .expect("start from template");
+        times.push(started.elapsed());
+        assert_eq!(common::exec(&sandbox, "cat /tmp/ready").0, "1");
+        runtime.destroy(&copy.id).expect("destroy copy");
+    }
+    times
+}
+
 fn main() {
     let Some(base) = common::base_rootfs() else {
         return;
@@ -78,9 +140,13 @@ fn main() {
         };
         let id = format!("wt-ckbench-{mib}");
         let spec = common::spec(&id, vec![base.clone()], resources);
+        let _cleanup = Cleanup {
+            runtime: &runtime,
+            ids: vec![id.clone()],
+        };
         let sandbox = runtime.create(&spec).expect("create");
         start_holder(&sandbox, mib, &fill);
-        let resident = resident_bytes(&runtime, &id);
+        let resident = resident_bytes(&*runtime, &id);
         let (mut pauses, mut resumes, mut fork_frozen, mut fork_total) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let mut stored = 0;
@@ -138,6 +204,13 @@ fn main() {
         );
         runtime.destroy(&id).expect("destroy");
     }
+    let mut starts = template_starts(&runtime, &base, 10);
+    starts.sort();
+    println!(
+        "create from a running template (restore under a new ID until the agent answers), 10 runs: p50 {:.2?}, max {:.2?}",
+        starts[starts.len() / 2],
+        starts[starts.len() - 1]
+    );
     if std::env::var_os("WARREN_BENCH_KEEP").is_none() {
         let _ = std::fs::remove_dir_all(&runtime.config().state_dir);
     } else {

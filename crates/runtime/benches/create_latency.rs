@@ -88,6 +88,12 @@ fn main() {
                 .flatten();
         supervisor_kib += record.map_or(0, |r| rss_kib(r.supervisor_pid));
     }
+    if let Some(last) = sandboxes.last() {
+        // Where the supervisor's share of the time went (phase lines of its log).
+        let log = std::fs::read_to_string(runtime.sandbox_dir(&last.id).join("supervisor.log"))
+            .unwrap_or_default();
+        println!("supervisor phases of {}:\n{log}", last.id);
+    }
     let start = Instant::now();
     for sandbox in &sandboxes {
         runtime.destroy(&sandbox.id).expect("destroy");

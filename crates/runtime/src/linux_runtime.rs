@@ -24,6 +24,9 @@ use crate::{
 /// Sandboxes younger than this without a state record are still being created; `list` leaves them be.
 const CREATE_GRACE: Duration = Duration::from_secs(120);
 
+/// File in a sandbox dir saying its address was given internet access (firewall state to undo).
+const INTERNET_MARKER: &str = "internet";
+
 /// Samples older than this are not used for CPU % (a fresh window is taken instead).
 const SAMPLE_MAX_AGE: Duration = Duration::from_secs(30);
 
@@ -197,7 +200,11 @@ impl LinuxRuntime {
             .create(&spec.id, &spec.resources)
             .map_err(other)?;
         let disk = LayerDisk::at(dir);
-        disk.create(spec.resources.disk_mib).map_err(other)?;
+        disk.create(
+            spec.resources.disk_mib,
+            &self.config.state_dir.join("images"),
+        )
+        .map_err(other)?;
         let mut restore_plan = None;
         match restore {
             Some((checkpoint, manifest)) => {
@@ -222,6 +229,12 @@ impl LinuxRuntime {
         }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
+        if spec.network.allow_internet {
+            // Marks that teardown has firewall state to remove (nft is only run for such sandboxes).
+            let marker = dir.join(INTERNET_MARKER);
+            std::fs::write(&marker, ip.to_string())
+                .map_err(io_error(format!("write {}", marker.display())))?;
+        }
         firewall::apply_egress(ip, &spec.network).map_err(other)?;
         let overlay_options =
             sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
@@ -325,8 +338,11 @@ impl LinuxRuntime {
             wait_supervisor_exit(record.supervisor_pid);
         }
         let leases = self.addresses.leases_of(id);
+        let had_internet = dir.join(INTERNET_MARKER).exists();
         for ip in &leases {
-            firewall::remove_egress(*ip).map_err(other)?;
+            if had_internet {
+                firewall::remove_egress(*ip).map_err(other)?;
+            }
             delete_host_link(&network::veth_name("wv", *ip))?;
         }
         namespaces::remove_pinned_netns(&dir.join("netns")).map_err(other)?;

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use warren_runtime::{Runtime, RuntimeError, Sandbox};
+use warren_runtime::{LinuxRuntime, Runtime, RuntimeError, Sandbox};
 
 fn counter(sandbox: &Sandbox) -> u64 {
     let (out, code) = common::exec(sandbox, "tail -n 1 /tmp/counter");
@@ -43,6 +43,18 @@ fn consecutive(sandbox: &Sandbox) {
     }
 }
 
+/// Destroys the test's sandboxes and state dir even when an assertion fails midway.
+struct Cleanup<'a>(&'a LinuxRuntime, &'static [&'static str]);
+
+impl Drop for Cleanup<'_> {
+    fn drop(&mut self) {
+        for id in self.1 {
+            let _ = self.0.destroy(id);
+        }
+        let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
+    }
+}
+
 #[test]
 fn pause_resume_and_fork_through_the_runtime() {
     let Some(base) = common::base_rootfs() else {
@@ -53,6 +65,7 @@ fn pause_resume_and_fork_through_the_runtime() {
         println!("SKIP: CRIU does not work on this host (run scripts/setup)");
         return;
     }
+    let _cleanup = Cleanup(&runtime, &["wt-ck-rt", "wt-ck-rt-fork"]);
     let spec = common::spec("wt-ck-rt", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let (out, code) = common::exec(

@@ -25,7 +25,7 @@ fn must_pass(sandbox: &Sandbox, command: &str) -> String {
 }
 
 struct Pair {
-    runtime: warren_runtime::LinuxRuntime,
+    runtime: common::TestRuntime,
     a: Sandbox,
     b: Sandbox,
 }

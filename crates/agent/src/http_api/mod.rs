@@ -236,3 +236,184 @@ async fn connect_rpc(
         _ => rpc::unknown_procedure(&format!("/{service}/{method}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::Request as HttpRequest;
+    use http_body_util::BodyExt;
+    use tower::ServiceExt;
+    use warren_proto::connect::{encode_envelope, Codec, EnvelopeDecoder};
+    use warren_proto::envd::process::{
+        process_event::Event, ProcessConfig, StartRequest, StartResponse,
+    };
+
+    /// An agent whose default user is the current user, rooted in a temp dir.
+    fn agent() -> (tempfile::TempDir, Arc<Agent>) {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("etc")).unwrap();
+        let (uid, gid) = (nix::unistd::getuid(), nix::unistd::getgid());
+        std::fs::write(
+            dir.path().join("etc/passwd"),
+            format!("user:x:{uid}:{gid}::/:/bin/sh\n"),
+        )
+        .unwrap();
+        let reaper = crate::reaper::Reaper::global();
+        tokio::spawn(reaper.clone().run());
+        let agent = Agent::new(dir.path().to_path_buf(), false, reaper);
+        (dir, agent)
+    }
+
+    async fn call(
+        agent: &Arc<Agent>,
+        path: &str,
+        content_type: &str,
+        body: Vec<u8>,
+    ) -> (StatusCode, String, Vec<u8>) {
+        let request = HttpRequest::post(path)
+            .header("content-type", content_type)
+            .body(Body::from(body))
+            .unwrap();
+        let response = router(agent.clone()).oneshot(request).await.unwrap();
+        let status = response.status();
+        let ct = response
+            .headers()
+            .get("content-type")
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .unwrap()
+            .to_bytes()
+            .to_vec();
+        (status, ct, bytes)
+    }
+
+    #[tokio::test]
+    async fn unary_json_errors_and_unknown_procedures() {
+        let (_dir, agent) = agent();
+        let (status, ct, body) = call(
+            &agent,
+            "/process.Process/List",
+            "application/json",
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!((status, ct.as_str()), (StatusCode::OK, "application/json"));
+        assert_eq!(body, b"{}");
+        let (status, _, body) = call(
+            &agent,
+            "/process.Process/List",
+            "application/json",
+            b"{".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+        assert!(String::from_utf8(body)
+            .unwrap()
+            .contains("invalid_argument"));
+        let (status, _, body) = call(
+            &agent,
+            "/process.Process/Nope",
+            "application/json",
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(String::from_utf8(body).unwrap().contains("unimplemented"));
+        let (status, _, _) = call(
+            &agent,
+            "/filesystem.Filesystem/Stat",
+            "text/plain",
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNSUPPORTED_MEDIA_TYPE);
+        let (status, _, body) = call(
+            &agent,
+            "/filesystem.Filesystem/Stat",
+            "application/json",
+            br#"{"path":"/missing"}"#.to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert!(String::from_utf8(body).unwrap().contains("not_found"));
+    }
+
+    #[tokio::test]
+    async fn access_token_is_enforced() {
+        let (_dir, agent) = agent();
+        *agent.access_token.write().unwrap() = Some("t0k".into());
+        let (status, _, _) = call(
+            &agent,
+            "/process.Process/List",
+            "application/json",
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED);
+        let request = HttpRequest::get("/health").body(Body::empty()).unwrap();
+        let response = router(agent.clone()).oneshot(request).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    }
+
+    #[tokio::test]
+    async fn server_stream_in_binary_proto() {
+        let (_dir, agent) = agent();
+        let request = StartRequest {
+            process: Some(ProcessConfig {
+                cmd: "/bin/sh".into(),
+                args: vec!["-c".into(), "printf hi; exit 4".into()],
+                ..Default::default()
+            }),
+            stdin: Some(false),
+            ..Default::default()
+        };
+        let body = encode_envelope(0, &Codec::Proto.encode(&request));
+        let (status, ct, bytes) = call(
+            &agent,
+            "/process.Process/Start",
+            "application/connect+proto",
+            body,
+        )
+        .await;
+        assert_eq!(
+            (status, ct.as_str()),
+            (StatusCode::OK, "application/connect+proto")
+        );
+        let mut decoder = EnvelopeDecoder::new(1 << 20);
+        decoder.push(&bytes);
+        let mut events = Vec::new();
+        let mut end_stream = None;
+        while let Some(frame) = decoder.next_frame().unwrap() {
+            if frame.is_end_stream() {
+                end_stream = Some(frame.payload);
+            } else {
+                let msg: StartResponse = Codec::Proto.decode(&frame.payload).unwrap();
+                events.push(msg.event.unwrap().event.unwrap());
+            }
+        }
+        assert_eq!(end_stream.as_deref(), Some(&b"{}"[..]));
+        assert!(matches!(events.first(), Some(Event::Start(_))));
+        let Some(Event::End(end)) = events.last() else {
+            panic!("no end event: {events:?}");
+        };
+        assert_eq!((end.exit_code, end.exited), (4, true));
+        let out: Vec<u8> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Data(d) => match &d.output {
+                    Some(
+                        warren_proto::envd::process::process_event::data_event::Output::Stdout(b),
+                    ) => Some(b.clone()),
+                    _ => None,
+                },
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(out, b"hi");
+    }
+}

@@ -211,6 +211,15 @@ fn event_stream<M: Send + 'static>(
         }
         let already_ended = handle.ended.borrow().clone();
         if let Some(end) = already_ended {
+            // Output this subscriber was sent before the end still goes out first.
+            while let Ok(event) = rx.try_recv() {
+                if matches!(event, Event::End(_)) {
+                    break;
+                }
+                if tx.send(Ok(wrap(event))).await.is_err() {
+                    return;
+                }
+            }
             let _ = tx.send(Ok(wrap(Event::End(end)))).await;
             return;
         }

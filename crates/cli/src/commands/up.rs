@@ -60,6 +60,15 @@ fn server_config(
     if let Some(domain) = &args.domain {
         config.domain = domain.clone();
     }
+    if let Some(max) = args.max_sandboxes {
+        config.limits.max_sandboxes = max;
+    }
+    if let Some(max) = args.max_total_vcpus {
+        config.limits.max_total_vcpus = max;
+    }
+    if let Some(max) = args.max_total_memory_mib {
+        config.limits.max_total_memory_mib = max;
+    }
     config
 }
 

@@ -272,6 +272,10 @@ fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
         "--leave-running",
         "--tcp-established",
         "--skip-in-flight",
+        // Seizing waits this long (seconds) for a task to stop; a task frozen inside vfork never
+        // does, and the dump is retried after a short thaw instead of stalling for CRIU's default 10.
+        "--timeout",
+        "2",
         "--network-lock",
         "nftables",
         "--manage-cgroups=ignore",

@@ -170,15 +170,37 @@ impl Checkpointer {
         if !was_frozen {
             target.freezer.freeze()?;
         }
-        let frozen_at = Instant::now();
-        let criu_started = Instant::now();
-        let outcome = criu
-            .dump(&criu::DumpArgs {
+        let mut frozen_at = Instant::now();
+        let mut criu_started = Instant::now();
+        let mut attempt = 1;
+        let outcome = loop {
+            let dumped = criu.dump(&criu::DumpArgs {
                 init_pid: target.init_pid,
                 freezer_cgroup: target.freezer.dir(),
                 images: &images,
                 log: &atomic.path().join("dump.log"),
-            })
+            });
+            match dumped {
+                // A task frozen in the middle of vfork (its child frozen before exec) cannot be seized;
+                // letting the sandbox run a moment lets the exec finish. Only when we froze it.
+                Err(e) if !was_frozen && attempt < DUMP_ATTEMPTS && is_unseizable(&e) => {
+                    tracing::info!(sandbox = %target.sandbox_id, attempt, error = %e, "dump retried");
+                    target.freezer.thaw()?;
+                    remove_if_present(&images)?;
+                    std::fs::create_dir(&images).map_err(|source| CheckpointError::Io {
+                        context: format!("create {}", images.display()),
+                        source,
+                    })?;
+                    std::thread::sleep(Duration::from_millis(20 * attempt as u64));
+                    target.freezer.freeze()?;
+                    frozen_at = Instant::now();
+                    criu_started = Instant::now();
+                    attempt += 1;
+                }
+                other => break other,
+            }
+        };
+        let outcome = outcome
             .map(|()| criu_started.elapsed())
             .and_then(|criu_time| {
                 store::archive_layer(target.upper, atomic.path()).map(|layer| (criu_time, layer))
@@ -334,6 +356,13 @@ pub fn set_hostname(pid: u32, hostname: &str) -> Result<(), CheckpointError> {
             String::from_utf8_lossy(&output.stderr).trim()
         )))
     }
+}
+
+/// How often a dump is tried when CRIU cannot seize a task.
+const DUMP_ATTEMPTS: u32 = 4;
+
+fn is_unseizable(error: &CheckpointError) -> bool {
+    matches!(error, CheckpointError::Criu { message, .. } if message.contains("Unseizable") || message.contains("Timeout reached"))
 }
 
 fn remove_if_present(path: &Path) -> Result<(), CheckpointError> {

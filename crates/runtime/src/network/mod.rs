@@ -25,10 +25,15 @@ impl NetworkPlan {
     pub fn host_veth(&self) -> String {
         veth_name("wv", self.ip)
     }
+}
 
-    /// Sandbox-side name until it is renamed to eth0 inside.
-    pub fn peer_veth(&self) -> String {
-        veth_name("wp", self.ip)
+impl NetworkPlan {
+    /// MAC of the sandbox's eth0, derived from its address (locally administered, `02:77:a:b:c:d`): a
+    /// later sandbox that gets the same address also gets the same MAC, so the host's neighbour cache
+    /// never points a reused address at a vanished interface.
+    pub fn sandbox_mac(&self) -> [u8; 6] {
+        let [a, b, c, d] = self.ip.octets();
+        [0x02, 0x77, a, b, c, d]
     }
 }
 
@@ -55,7 +60,6 @@ mod tests {
             ip: Ipv4Addr::new(10, 77, 255, 254),
         };
         assert_eq!(plan.host_veth(), "wv-255-254");
-        assert!(plan.peer_veth().len() < 16);
     }
 
     #[test]

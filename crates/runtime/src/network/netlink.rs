@@ -136,17 +136,36 @@ impl Netlink {
             .map_err(Self::request(format!("set {name} up")))
     }
 
-    /// Creates the veth pair `host`/`peer`, attaches `host` to bridge `bridge_index` and brings it up.
-    pub async fn create_veth(
+    /// Creates the veth pair in one request: `host` here, attached to bridge `bridge_index` and up, and
+    /// its peer directly inside the namespace open at `netns_fd` as `eth0` (no later move or rename,
+    /// which would each cost a network-device unregister round).
+    pub async fn create_veth_into(
         &self,
         host: &str,
-        peer: &str,
+        netns_fd: RawFd,
         bridge_index: u32,
+        sandbox_mac: [u8; 6],
     ) -> Result<u32, NetlinkError> {
-        self.handle
+        use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkInfo};
+        // rtnetlink's veth(a, b) makes b the request's main link (here: the host side, created in this
+        // namespace) and a its peer, which gets the sandbox namespace's fd.
+        let mut request = self
+            .handle
             .link()
             .add()
-            .veth(host.to_string(), peer.to_string())
+            .veth("eth0".to_string(), host.to_string());
+        for attribute in &mut request.message_mut().attributes {
+            if let LinkAttribute::LinkInfo(infos) = attribute {
+                for info in infos {
+                    if let LinkInfo::Data(InfoData::Veth(InfoVeth::Peer(peer))) = info {
+                        peer.attributes.push(LinkAttribute::NetNsFd(netns_fd));
+                        peer.attributes
+                            .push(LinkAttribute::Address(sandbox_mac.to_vec()));
+                    }
+                }
+            }
+        }
+        request
             .execute()
             .await
             .map_err(Self::request(format!("create veth {host}")))?;
@@ -155,44 +174,22 @@ impl Netlink {
             .link()
             .set(index)
             .controller(bridge_index)
+            .up()
             .execute()
             .await
             .map_err(Self::request(format!("attach {host} to the bridge")))?;
-        self.set_up(index, host).await?;
         Ok(index)
     }
 
-    /// Moves link `name` into the network namespace open at `netns_fd`.
-    pub async fn move_to_netns(&self, name: &str, netns_fd: RawFd) -> Result<(), NetlinkError> {
-        let index = self.require_index(name).await?;
-        self.handle
-            .link()
-            .set(index)
-            .setns_by_fd(netns_fd)
-            .execute()
-            .await
-            .map_err(Self::request(format!(
-                "move {name} into the sandbox network namespace"
-            )))
-    }
-
-    /// Inside the sandbox's namespace: renames `peer` to `eth0`, gives it `address/prefix`, brings it and
-    /// `lo` up and routes everything through `gateway`.
+    /// Inside the sandbox's namespace: gives `eth0` `address/prefix`, brings it and `lo` up and routes
+    /// everything through `gateway`.
     pub async fn configure_sandbox_side(
         &self,
-        peer: &str,
         address: Ipv4Addr,
         prefix: u8,
         gateway: Ipv4Addr,
     ) -> Result<(), NetlinkError> {
-        let index = self.require_index(peer).await?;
-        self.handle
-            .link()
-            .set(index)
-            .name("eth0".to_string())
-            .execute()
-            .await
-            .map_err(Self::request("rename the sandbox veth to eth0"))?;
+        let index = self.require_index("eth0").await?;
         self.handle
             .address()
             .add(index, IpAddr::V4(address), prefix)

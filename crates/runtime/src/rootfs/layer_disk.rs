@@ -66,45 +66,11 @@ impl LayerDisk {
         self.mount_point.join("work")
     }
 
-    /// Creates, formats and mounts the image, then makes `upper/` and `work/`.
-    pub fn create(&self, size_mib: u64) -> Result<(), LayerDiskError> {
-        let image_err = |source| LayerDiskError::Image {
-            path: self.image.clone(),
-            source,
-        };
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .open(&self.image)
-            .map_err(image_err)?;
-        file.set_len(size_mib.saturating_mul(1024 * 1024))
-            .map_err(image_err)?;
-        drop(file);
-        // No journal (a throwaway layer; CRIU copies files, not the journal), no reserved blocks, lazy
-        // inode tables: formatting a sparse image then takes a few milliseconds.
-        let output = Command::new("mkfs.ext4")
-            .args([
-                "-q",
-                "-F",
-                "-m",
-                "0",
-                "-O",
-                "^has_journal",
-                "-E",
-                "lazy_itable_init=1,nodiscard",
-            ])
-            .arg(&self.image)
-            .output()
-            .map_err(|source| LayerDiskError::Mkfs {
-                path: self.image.clone(),
-                message: source.to_string(),
-            })?;
-        if !output.status.success() {
-            return Err(LayerDiskError::Mkfs {
-                path: self.image.clone(),
-                message: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-            });
-        }
+    /// Creates the image as a sparse copy of a freshly formatted one of the same size (formatted once
+    /// per size into `image_cache`), mounts it and makes `upper/` and `work/`.
+    pub fn create(&self, size_mib: u64, image_cache: &Path) -> Result<(), LayerDiskError> {
+        let pristine = pristine_image(image_cache, size_mib)?;
+        sparse_copy(&pristine, &self.image)?;
         self.mount()?;
         for dir in [self.upper(), self.work()] {
             std::fs::create_dir(&dir).map_err(|source| LayerDiskError::Seed {
@@ -205,6 +171,108 @@ impl LayerDisk {
         }
         Ok(())
     }
+}
+
+/// A formatted, never mounted ext4 image of `size_mib` in `cache`, made on first use (temp + rename, so
+/// concurrent callers never see a half-formatted one).
+fn pristine_image(cache: &Path, size_mib: u64) -> Result<PathBuf, LayerDiskError> {
+    let path = cache.join(format!("ext4-{size_mib}m.img"));
+    if path.exists() {
+        return Ok(path);
+    }
+    let image_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LayerDiskError::Image { path, source }
+    };
+    std::fs::create_dir_all(cache).map_err(image_err(cache))?;
+    let temp = cache.join(format!(
+        ".ext4-{size_mib}m.{}.{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    let file = std::fs::File::create(&temp).map_err(image_err(&temp))?;
+    file.set_len(size_mib.saturating_mul(1024 * 1024))
+        .map_err(image_err(&temp))?;
+    drop(file);
+    // No journal (a throwaway layer; CRIU copies files, not the journal), no reserved blocks, lazy
+    // inode tables: the formatted image holds well under a MiB of data.
+    let output = Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-O",
+            "^has_journal",
+            "-E",
+            "lazy_itable_init=1,nodiscard",
+        ])
+        .arg(&temp)
+        .output()
+        .map_err(|source| LayerDiskError::Mkfs {
+            path: temp.clone(),
+            message: source.to_string(),
+        })?;
+    if !output.status.success() {
+        let _ = std::fs::remove_file(&temp);
+        return Err(LayerDiskError::Mkfs {
+            path: temp,
+            message: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        });
+    }
+    std::fs::rename(&temp, &path).map_err(image_err(&path))?;
+    Ok(path)
+}
+
+/// Copies only the data extents of `from` into a new file `to` of the same length (holes stay holes).
+fn sparse_copy(from: &Path, to: &Path) -> Result<(), LayerDiskError> {
+    use nix::unistd::{lseek, Whence};
+    use std::os::fd::{AsFd, AsRawFd};
+    let err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source: std::io::Error| LayerDiskError::Image { path, source }
+    };
+    let errno = |path: &Path| {
+        let path = path.to_path_buf();
+        move |e: nix::Error| LayerDiskError::Image {
+            path,
+            source: e.into(),
+        }
+    };
+    let source = std::fs::File::open(from).map_err(err(from))?;
+    let length = source.metadata().map_err(err(from))?.len();
+    let target = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)
+        .map_err(err(to))?;
+    target.set_len(length).map_err(err(to))?;
+    let mut offset: i64 = 0;
+    while (offset as u64) < length {
+        let data = match lseek(source.as_raw_fd(), offset, Whence::SeekData) {
+            Ok(data) => data,
+            Err(nix::Error::ENXIO) => break,
+            Err(e) => return Err(errno(from)(e)),
+        };
+        let hole = lseek(source.as_raw_fd(), data, Whence::SeekHole).map_err(errno(from))?;
+        let (mut read_at, mut write_at) = (data, data);
+        while read_at < hole {
+            let remaining = (hole - read_at) as usize;
+            let copied = nix::fcntl::copy_file_range(
+                source.as_fd(),
+                Some(&mut read_at),
+                target.as_fd(),
+                Some(&mut write_at),
+                remaining,
+            )
+            .map_err(errno(to))?;
+            if copied == 0 {
+                break;
+            }
+        }
+        offset = hole;
+    }
+    Ok(())
 }
 
 /// Whether `path` is a mount point (listed in /proc/self/mountinfo).

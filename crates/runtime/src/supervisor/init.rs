@@ -21,6 +21,7 @@ fn prepare(config: &SupervisorConfig) -> Result<Never, String> {
     for procs in &config.cgroup_procs {
         std::fs::write(procs, "0").map_err(|e| format!("join cgroup {}: {e}", procs.display()))?;
     }
+    super::run::phase("init joined its cgroup");
     // PID 1 leads its own session (CRIU needs the tree's root to be a session leader).
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     namespaces::unshare_init_namespaces().map_err(|e| super::run::error_chain(&e))?;
@@ -35,6 +36,7 @@ fn prepare(config: &SupervisorConfig) -> Result<Never, String> {
     .map_err(chain)?;
     sandbox_mounts::pivot_into(&config.rootfs).map_err(chain)?;
     sandbox_mounts::mask_proc().map_err(chain)?;
+    super::run::phase("init rootfs ready");
     redirect_stdio()?;
 
     let filters = seccomp::sandbox_filters().map_err(|e| super::run::error_chain(&e))?;

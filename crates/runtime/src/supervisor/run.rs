@@ -15,6 +15,7 @@ use crate::network::netlink::{self, Netlink};
 
 /// Entry point of `warren-supervisor run <config> --status-fd <fd>`. Returns the process exit code.
 pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
+    let _ = STARTED.set(std::time::Instant::now());
     // SAFETY: the runtime handed us this fd (the write end of its status pipe); we own it from here on.
     let status = unsafe { OwnedFd::from_raw_fd(status_fd) };
     // Keep it from leaking into the sandbox's init.
@@ -53,6 +54,16 @@ pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
     }
 }
 
+static STARTED: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Logs how far into the set-up a phase ended (to supervisor.log), to see where create time goes.
+pub(super) fn phase(name: &str) {
+    let elapsed = STARTED
+        .get()
+        .map_or(0.0, |t| t.elapsed().as_secs_f64() * 1000.0);
+    eprintln!("[{:>8.2} ms] {name}", elapsed);
+}
+
 fn report(status: &OwnedFd, line: &str) {
     let bytes = format!("{}\n", line.replace('\n', " "));
     // SAFETY: write(2) from a valid buffer to an fd we own. A short write of one small line to a pipe
@@ -67,7 +78,9 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 
 /// Wires the network and starts the init; returns the init's host PID.
 fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
+    phase("config read");
     setup_network(config).map_err(|e| format!("network: {e}"))?;
+    phase("network wired");
     if let Some(plan) = &config.restore {
         return restore_sandbox(config, plan);
     }
@@ -88,6 +101,7 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
             drop(error_write);
             let mut message = String::new();
             let _ = std::fs::File::from(error_read).read_to_string(&mut message);
+            phase("init exec'd the agent");
             if message.is_empty() {
                 // The pipe closed on exec: the agent is running.
                 Ok(child.as_raw() as u32)
@@ -147,22 +161,24 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
     std::fs::write(&config.netns_pin, b"")
         .map_err(|e| format!("netns pin {}: {e}", config.netns_pin.display()))?;
     let netns = namespaces::create_pinned_netns(&config.netns_pin).map_err(|e| error_chain(&e))?;
-    let (host, peer) = (plan.host_veth(), plan.peer_veth());
+    phase("netns pinned");
+    let host = plan.host_veth();
     netlink::run(async {
         let host_side = Netlink::connect()?;
         let bridge = host_side
             .ensure_bridge(&plan.bridge, plan.gateway, plan.prefix)
             .await?;
-        host_side.create_veth(&host, &peer, bridge).await?;
-        host_side.move_to_netns(&peer, netns.as_raw_fd()).await
+        host_side
+            .create_veth_into(&host, netns.as_raw_fd(), bridge, plan.sandbox_mac())
+            .await
     })
     .map_err(|e| error_chain(&e))?;
+    phase("veth pair made");
     namespaces::join(&netns, &config.netns_pin, CloneFlags::CLONE_NEWNET)
         .map_err(|e| error_chain(&e))?;
     netlink::run(async {
-        let sandbox_side = Netlink::connect()?;
-        sandbox_side
-            .configure_sandbox_side(&peer, plan.ip, plan.prefix, plan.gateway)
+        Netlink::connect()?
+            .configure_sandbox_side(plan.ip, plan.prefix, plan.gateway)
             .await
     })
     .map_err(|e| error_chain(&e))?;

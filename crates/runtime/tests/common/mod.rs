@@ -64,14 +64,35 @@ pub fn state_dir(name: &str) -> PathBuf {
     PathBuf::from(format!("/tmp/wt-runtime-{name}-{}", std::process::id()))
 }
 
-pub fn runtime(name: &str) -> LinuxRuntime {
+/// A runtime on a private state dir, removed with the runtime when no sandbox is left in it.
+pub struct TestRuntime(LinuxRuntime);
+
+impl std::ops::Deref for TestRuntime {
+    type Target = LinuxRuntime;
+    fn deref(&self) -> &LinuxRuntime {
+        &self.0
+    }
+}
+
+impl Drop for TestRuntime {
+    fn drop(&mut self) {
+        let dir = &self.0.config().state_dir;
+        let empty =
+            std::fs::read_dir(dir.join("sandboxes")).map_or(true, |mut d| d.next().is_none());
+        if empty {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+pub fn runtime(name: &str) -> TestRuntime {
     let config = LinuxRuntimeConfig {
         state_dir: state_dir(name),
         agent_binary: test_agent(),
         supervisor_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_warren-supervisor"))),
         ..LinuxRuntimeConfig::default()
     };
-    LinuxRuntime::new(config).expect("runtime")
+    TestRuntime(LinuxRuntime::new(config).expect("runtime"))
 }
 
 pub fn resources() -> Resources {
@@ -159,4 +180,16 @@ pub fn veths_for(ips: &[std::net::Ipv4Addr]) -> Vec<String> {
         .map(|ip| warren_runtime::network::veth_name("wv", *ip))
         .filter(|name| warren_runtime::network::host_link_exists(name))
         .collect()
+}
+
+/// Destroys the named sandboxes when dropped, so a failing assertion leaves nothing behind.
+pub struct DestroyOnDrop<'a>(pub &'a LinuxRuntime, pub Vec<String>);
+
+impl Drop for DestroyOnDrop<'_> {
+    fn drop(&mut self) {
+        use warren_runtime::Runtime;
+        for id in &self.1 {
+            let _ = self.0.destroy(id);
+        }
+    }
 }
