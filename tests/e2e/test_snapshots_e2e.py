@@ -36,12 +36,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
 http.server.HTTPServer(("127.0.0.1", {LIST_PORT}), Handler).serve_forever()
 """
 
-# The processes to be checkpointed run as root: on hosts whose capability set lacks CAP_SYS_RESOURCE
-# (these machines: CapEff 000001fffeffffff), CRIU cannot read the rlimits of a process of another uid
-# ("Error (criu/cr-dump.c:371): Can't get rlimit 0: Operation not permitted"), so a dump of a sandbox with
-# a live process of `user` (uid 1000) fails and pause falls back to freezing. Tracked in the report.
-AS = "root"
-
 COUNTER = "i=0; while :; do i=$((i+1)); echo $i > /tmp/wt-counter.tmp && mv /tmp/wt-counter.tmp /tmp/wt-counter; sleep 0.1; done"
 
 
@@ -81,7 +75,7 @@ def _list(sandbox, path="/"):
 
 def _start_list_server(sandbox):
     sandbox.files.write("/home/user/wt_list_server.py", LIST_SERVER)
-    sandbox.commands.run("python3 /home/user/wt_list_server.py", background=True, user=AS)
+    sandbox.commands.run("python3 /home/user/wt_list_server.py", background=True)
     return _wait("the list server answers", lambda: _list(sandbox))
 
 
@@ -134,7 +128,7 @@ def test_pause_resume_keeps_a_counter_counting(checkpointing):
 
     sandbox = Sandbox.create(template="base", timeout=600)
     try:
-        sandbox.commands.run(COUNTER, background=True, user=AS)
+        sandbox.commands.run(COUNTER, background=True)
         _wait("the counter reaches 10", lambda: _at_least(_counter(sandbox), 10))
         before = _counter(sandbox)
 
