@@ -593,3 +593,25 @@ async fn templates_from_running_state_restore_their_build_checkpoint() {
     assert_eq!(recorded.created.len(), created_before + 1);
     assert_eq!(recorded.created.last().unwrap().id, id_of(&cold));
 }
+
+#[tokio::test]
+async fn the_openapi_document_describes_fork_and_snapshots() {
+    let h = Harness::start(true, |_| {}).await;
+    let answer = support::send(
+        Method::GET,
+        &format!("{}/openapi.json", h.server.api_url),
+        &[],
+        None,
+    )
+    .await;
+    let doc = answer.json();
+    for path in [
+        "/sandboxes/{sandboxID}/fork",
+        "/sandboxes/{sandboxID}/snapshots",
+        "/snapshots",
+        "/snapshots/{snapshotID}",
+    ] {
+        assert!(doc["paths"][path].is_object(), "{path}");
+    }
+    assert!(doc["components"]["schemas"]["SnapshotInfo"].is_object());
+}
