@@ -405,11 +405,14 @@ impl LinuxRuntime {
                 std::thread::sleep(CPU_SAMPLE_WINDOW);
                 let before = usage_usec;
                 let after = self.cgroup(id).cpu_usage_usec().unwrap_or(before);
+                let taken = Instant::now();
                 if let Ok(mut samples) = self.cpu_samples.lock() {
-                    samples.insert(id.to_string(), (Instant::now(), after));
+                    samples.insert(id.to_string(), (taken, after));
                 }
+                // Divide by the time that really passed: on a busy host the sleep overruns the window,
+                // and the nominal window would then report more than the quota allows.
                 return (after.saturating_sub(before)) as f64
-                    / CPU_SAMPLE_WINDOW.as_micros() as f64
+                    / (taken - now).as_micros().max(1) as f64
                     * 100.0;
             }
         };
