@@ -1,3 +1,4 @@
 //! warren-proto: wire types shared by Warren's crates.
+pub mod api;
 pub mod connect;
 pub mod envd;

@@ -1,7 +1,201 @@
-//! warren-server
+//! warren-server: the E2B-compatible control plane of one node — REST API, sandbox proxy, lifecycle
+//! (state machine, timeouts, admission, reconciliation), templates, store and metrics.
+//!
+//! [`serve`] runs it until SIGINT/SIGTERM; [`Server::start`] starts it with a given runtime and hands back
+//! its addresses (tests, embedding).
 
-/// Template builds. Temporary declaration on the `templates` branch: the server's own `templates/mod.rs`
-/// mounts `build` once it exists.
-pub mod templates {
-    pub mod build;
+pub mod api;
+pub mod config;
+pub mod keys;
+pub mod lifecycle;
+pub mod metrics;
+pub mod proxy;
+pub mod runtime_host;
+pub mod store;
+pub mod templates;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use warren_runtime::Runtime;
+
+pub use config::{DefaultResources, Limits, ServerConfig};
+pub use lifecycle::reconcile::ReconcileReport;
+pub use store::{SqliteStore, Store};
+
+use lifecycle::Lifecycle;
+use metrics::Metrics;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot open the store")]
+    Store(#[from] store::StoreError),
+    #[error("cannot listen on {addr}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("reconciliation failed")]
+    Reconcile(#[source] lifecycle::LifecycleError),
+    #[error("cannot start the sandbox runtime")]
+    Runtime(#[source] warren_runtime::RuntimeError),
+    #[error("cannot create state directory {path}")]
+    StateDir {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("API server failed")]
+    Http(#[source] std::io::Error),
+}
+
+/// Open the store in `state_dir` (for the CLI's key commands).
+pub async fn open_store(state_dir: &std::path::Path) -> Result<Arc<dyn Store>, store::StoreError> {
+    Ok(Arc::new(SqliteStore::open_in(state_dir).await?))
+}
+
+/// A running server.
+pub struct Server {
+    pub api_addr: SocketAddr,
+    pub proxy_addr: SocketAddr,
+    pub lifecycle: Arc<Lifecycle>,
+    pub reconcile: ReconcileReport,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    api_task: JoinHandle<Result<(), std::io::Error>>,
+}
+
+impl Server {
+    /// Open the store, ensure the base template, reconcile with `runtime`, bind both listeners and start
+    /// serving.
+    pub async fn start(
+        config: ServerConfig,
+        runtime: Arc<dyn Runtime>,
+    ) -> Result<Server, ServeError> {
+        for dir in [
+            config.sandboxes_dir(),
+            config.templates_dir(),
+            config.snapshots_dir(),
+        ] {
+            std::fs::create_dir_all(&dir).map_err(|source| ServeError::StateDir {
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(&config.state_dir).await?);
+        templates::ensure_base_template(
+            store.as_ref(),
+            &config.base_rootfs,
+            &config.default_resources,
+        )
+        .await?;
+        let metrics = Arc::new(Metrics::new());
+        let lifecycle = Arc::new(Lifecycle::new(
+            store,
+            runtime,
+            config.clone(),
+            Arc::clone(&metrics),
+        ));
+        let report = lifecycle::reconcile::reconcile(&lifecycle)
+            .await
+            .map_err(ServeError::Reconcile)?;
+
+        let api_listener = TcpListener::bind(config.api_listen)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: config.api_listen,
+                source,
+            })?;
+        let proxy_listener = TcpListener::bind(config.proxy_listen)
+            .await
+            .map_err(|source| ServeError::Listen {
+                addr: config.proxy_listen,
+                source,
+            })?;
+        let api_addr = api_listener.local_addr().map_err(ServeError::Http)?;
+        let proxy_addr = proxy_listener.local_addr().map_err(ServeError::Http)?;
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let app = api::router(api::AppState {
+            lifecycle: Arc::clone(&lifecycle),
+            metrics: Arc::clone(&metrics),
+        });
+        let mut api_shutdown = shutdown_rx.clone();
+        let api_task = tokio::spawn(async move {
+            axum::serve(api_listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = api_shutdown.wait_for(|stop| *stop).await;
+                })
+                .await
+        });
+        let proxy = Arc::new(proxy::Proxy::new(
+            Arc::clone(&lifecycle),
+            Arc::clone(&metrics),
+        ));
+        let proxy_task = tokio::spawn(proxy.run(proxy_listener, shutdown_rx.clone()));
+        let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
+            Arc::clone(&lifecycle),
+            config.scheduler_interval,
+            shutdown_rx,
+        ));
+        tracing::info!(%api_addr, %proxy_addr, checkpoint = lifecycle.capabilities().checkpoint, "warren server started");
+        Ok(Server {
+            api_addr,
+            proxy_addr,
+            lifecycle,
+            reconcile: report,
+            shutdown,
+            tasks: vec![proxy_task, scheduler_task],
+            api_task,
+        })
+    }
+
+    /// Stop accepting, finish in-flight API requests, stop the scheduler. Sandboxes keep running; the next
+    /// start adopts them.
+    pub async fn shutdown(self) -> Result<(), ServeError> {
+        let _ = self.shutdown.send(true);
+        for task in self.tasks {
+            let _ = task.await;
+        }
+        match self.api_task.await {
+            Ok(result) => result.map_err(ServeError::Http),
+            Err(_) => Ok(()),
+        }
+    }
+}
+
+/// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
+pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
+    let runtime = runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?;
+    let server = Server::start(config, runtime).await?;
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    server.shutdown().await
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut terminate =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(signal) => signal,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
 }

@@ -1,0 +1,33 @@
+//! The E2B-compatible REST API: a router per resource, auth and validation as extractors, handlers that
+//! only call the lifecycle and the store.
+
+pub mod auth;
+pub mod error;
+pub mod extract;
+mod meta;
+mod sandboxes;
+mod templates;
+
+use std::sync::Arc;
+
+use axum::Router;
+
+pub use meta::OPENAPI_JSON;
+
+use crate::lifecycle::Lifecycle;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct AppState {
+    pub lifecycle: Arc<Lifecycle>,
+    pub metrics: Arc<Metrics>,
+}
+
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(sandboxes::router())
+        .merge(templates::router())
+        .merge(meta::router())
+        .fallback(|| async { error::ApiError::not_found("no such endpoint") })
+        .with_state(state)
+}

@@ -1,0 +1,503 @@
+//! `/sandboxes` and `/v2/sandboxes`: handlers parse and validate, then call the lifecycle.
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{DateTime, TimeZone, Utc};
+use warren_proto::api::{self, ENVD_VERSION, NEXT_TOKEN_HEADER};
+
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::extract::{ApiJson, OptionalJson, QueryPairs};
+use super::AppState;
+use crate::lifecycle::state::SandboxState;
+use crate::lifecycle::{CreateRequest, ResumeOutcome};
+use crate::store::{Millis, SandboxFilter, SandboxRecord};
+
+/// Largest page of `GET /v2/sandboxes`.
+const MAX_PAGE: u32 = 100;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes", post(create_v1).get(list_v1))
+        .route("/v2/sandboxes", post(create_v2).get(list_v2))
+        .route("/sandboxes/{id}", get(get_one).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/refreshes", post(refresh))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/logs", get(logs))
+        .route("/v2/sandboxes/{id}/logs", get(logs))
+}
+
+fn time(millis: Millis) -> DateTime<Utc> {
+    Utc.timestamp_millis_opt(millis)
+        .single()
+        .unwrap_or_default()
+}
+
+fn cpu_count(vcpus: f64) -> u32 {
+    vcpus.ceil().max(1.0) as u32
+}
+
+fn api_state(record: &SandboxRecord) -> api::SandboxState {
+    record
+        .state
+        .api_state()
+        .unwrap_or(api::SandboxState::Running)
+}
+
+fn created(state: &AppState, record: &SandboxRecord) -> api::Sandbox {
+    api::Sandbox {
+        template_id: record.template_id.clone(),
+        sandbox_id: record.id.clone(),
+        client_id: record.client_id.clone(),
+        envd_version: ENVD_VERSION.to_string(),
+        alias: record.alias.clone(),
+        envd_access_token: record.envd_access_token.clone(),
+        traffic_access_token: None,
+        domain: Some(state.lifecycle.config().domain.clone()),
+    }
+}
+
+fn listed(record: &SandboxRecord) -> api::ListedSandbox {
+    api::ListedSandbox {
+        template_id: record.template_id.clone(),
+        sandbox_id: record.id.clone(),
+        client_id: record.client_id.clone(),
+        started_at: time(record.started_at),
+        end_at: time(record.end_at),
+        cpu_count: cpu_count(record.vcpus),
+        memory_mb: record.memory_mib,
+        disk_size_mb: record.disk_mib,
+        state: api_state(record),
+        envd_version: ENVD_VERSION.to_string(),
+        alias: record.alias.clone(),
+        metadata: record.metadata.clone(),
+    }
+}
+
+fn detail(state: &AppState, record: &SandboxRecord) -> api::SandboxDetail {
+    api::SandboxDetail {
+        template_id: record.template_id.clone(),
+        sandbox_id: record.id.clone(),
+        client_id: record.client_id.clone(),
+        started_at: time(record.started_at),
+        end_at: time(record.end_at),
+        envd_version: ENVD_VERSION.to_string(),
+        cpu_count: cpu_count(record.vcpus),
+        memory_mb: record.memory_mib,
+        disk_size_mb: record.disk_mib,
+        state: api_state(record),
+        alias: record.alias.clone(),
+        envd_access_token: record.envd_access_token.clone(),
+        allow_internet_access: record.allow_internet,
+        domain: Some(state.lifecycle.config().domain.clone()),
+        metadata: record.metadata.clone(),
+        lifecycle: Some(api::SandboxLifecycle {
+            auto_resume: record.auto_resume,
+            on_timeout: if record.auto_pause {
+                api::OnTimeout::Pause
+            } else {
+                api::OnTimeout::Kill
+            },
+        }),
+        pause_mode: (record.state == SandboxState::Paused).then_some(api::PauseMode::Full),
+    }
+}
+
+fn create_request(body: api::NewSandbox, secure: bool) -> Result<CreateRequest, ApiError> {
+    let template = body.template_id.trim().to_string();
+    if template.is_empty() {
+        return Err(ApiError::bad_request("templateID must not be empty"));
+    }
+    if body.auto_pause_memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "autoPauseMemory=false (filesystem-only pause) is not supported by this server",
+        ));
+    }
+    Ok(CreateRequest {
+        template,
+        timeout: body.timeout,
+        auto_pause: body.auto_pause.unwrap_or(false),
+        auto_resume: body.auto_resume.map(|config| config.enabled),
+        secure,
+        allow_internet: body.allow_internet_access,
+        metadata: body.metadata.unwrap_or_default(),
+        env_vars: body.env_vars.unwrap_or_default(),
+    })
+}
+
+async fn create_v1(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    ApiJson(body): ApiJson<api::NewSandbox>,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    let secure = body.secure.unwrap_or(false);
+    let created_sandbox = state
+        .lifecycle
+        .create(create_request(body, secure)?)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(created(&state, &created_sandbox.record)),
+    ))
+}
+
+async fn create_v2(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    ApiJson(body): ApiJson<api::NewSandbox>,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    let created_sandbox = state.lifecycle.create(create_request(body, true)?).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(created(&state, &created_sandbox.record)),
+    ))
+}
+
+/// `metadata=k1%3Dv1%26k2%3Dv2`: a form-encoded list whose keys and values the SDK percent-encodes once
+/// more.
+fn parse_metadata(query: &QueryPairs) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut metadata = BTreeMap::new();
+    for encoded in query.all("metadata") {
+        let pairs = serde_urlencoded::from_str::<Vec<(String, String)>>(encoded)
+            .map_err(|error| ApiError::bad_request(format!("invalid metadata filter: {error}")))?;
+        for (key, value) in pairs {
+            let key = percent_encoding::percent_decode_str(&key)
+                .decode_utf8_lossy()
+                .into_owned();
+            let value = percent_encoding::percent_decode_str(&value)
+                .decode_utf8_lossy()
+                .into_owned();
+            metadata.insert(key, value);
+        }
+    }
+    Ok(metadata)
+}
+
+fn parse_states(query: &QueryPairs) -> Result<Vec<SandboxState>, ApiError> {
+    let mut states = Vec::new();
+    for value in query.all("state") {
+        for name in value
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+        {
+            let state = api::SandboxState::parse(name).ok_or_else(|| {
+                ApiError::bad_request(format!(
+                    "invalid state {name:?}: expected running or paused"
+                ))
+            })?;
+            states.extend_from_slice(SandboxState::from_api_state(state));
+        }
+    }
+    Ok(states)
+}
+
+async fn list_v1(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    query: QueryPairs,
+) -> Result<Json<Vec<api::ListedSandbox>>, ApiError> {
+    let filter = SandboxFilter {
+        states: SandboxState::from_api_state(api::SandboxState::Running).to_vec(),
+        metadata: parse_metadata(&query)?,
+        ..SandboxFilter::default()
+    };
+    let records = state.lifecycle.list(&filter).await?;
+    Ok(Json(records.iter().map(listed).collect()))
+}
+
+fn encode_token(record: &SandboxRecord) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}:{}", record.started_at, record.id))
+}
+
+fn decode_token(token: &str) -> Result<(Millis, String), ApiError> {
+    let invalid = || ApiError::bad_request("invalid nextToken");
+    let bytes = URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| invalid())?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
+    let (millis, id) = text.split_once(':').ok_or_else(invalid)?;
+    Ok((millis.parse().map_err(|_| invalid())?, id.to_string()))
+}
+
+async fn list_v2(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    query: QueryPairs,
+) -> Result<Response, ApiError> {
+    let limit = match query.get("limit") {
+        None => MAX_PAGE,
+        Some(limit) => match limit.parse::<u32>() {
+            Ok(limit) if (1..=MAX_PAGE).contains(&limit) => limit,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be between 1 and {MAX_PAGE}, got {limit:?}"
+                )))
+            }
+        },
+    };
+    let descending = match query.get("order") {
+        None | Some("desc") => true,
+        Some("asc") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "invalid order {other:?}: expected asc or desc"
+            )))
+        }
+    };
+    let started_after = match query.get("startedAfter") {
+        None => None,
+        Some(value) => Some(
+            DateTime::parse_from_rfc3339(value)
+                .map_err(|error| {
+                    ApiError::bad_request(format!("invalid startedAfter {value:?}: {error}"))
+                })?
+                .timestamp_millis(),
+        ),
+    };
+    let filter = SandboxFilter {
+        states: parse_states(&query)?,
+        metadata: parse_metadata(&query)?,
+        template: query.get("template").map(str::to_string),
+        started_after,
+        descending,
+        after: query.get("nextToken").map(decode_token).transpose()?,
+        limit: Some(limit + 1),
+    };
+    let mut records = state.lifecycle.list(&filter).await?;
+    let mut headers = HeaderMap::new();
+    if records.len() > limit as usize {
+        records.truncate(limit as usize);
+        if let Some(last) = records.last() {
+            if let Ok(value) = HeaderValue::from_str(&encode_token(last)) {
+                headers.insert(NEXT_TOKEN_HEADER, value);
+            }
+        }
+    }
+    let body: Vec<api::ListedSandbox> = records.iter().map(listed).collect();
+    Ok((headers, Json(body)).into_response())
+}
+
+async fn get_one(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<api::SandboxDetail>, ApiError> {
+    let record = state.lifecycle.get(&id).await?;
+    Ok(Json(detail(&state, &record)))
+}
+
+async fn kill(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    state.lifecycle.kill(&id, "killed through the API").await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn set_timeout(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<api::SandboxTimeoutRequest>,
+) -> Result<StatusCode, ApiError> {
+    state.lifecycle.set_timeout(&id, body.timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+struct RefreshRequest {
+    duration: Option<i64>,
+}
+
+async fn refresh(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<RefreshRequest>,
+) -> Result<StatusCode, ApiError> {
+    let timeout = body
+        .duration
+        .unwrap_or(state.lifecycle.config().limits.default_timeout.as_secs() as i64);
+    state.lifecycle.set_timeout(&id, timeout).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn pause(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<api::SandboxPauseRequest>,
+) -> Result<StatusCode, ApiError> {
+    if body.memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "memory=false (filesystem-only pause) is not supported by this server",
+        ));
+    }
+    state.lifecycle.pause(&id, "paused through the API").await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn check_memory(body: &api::ConnectSandbox) -> Result<(), ApiError> {
+    if body.memory == Some(false) {
+        return Err(ApiError::bad_request(
+            "memory=false (cold boot from disk) is not supported by this server",
+        ));
+    }
+    Ok(())
+}
+
+async fn resume(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<api::ConnectSandbox>,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    check_memory(&body)?;
+    let record = state.lifecycle.get(&id).await?;
+    if record.state.api_state() == Some(api::SandboxState::Running) {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            format!("sandbox {id} is already running"),
+        ));
+    }
+    let (record, _) = state.lifecycle.resume(&id, body.timeout).await?;
+    Ok((StatusCode::CREATED, Json(created(&state, &record))))
+}
+
+async fn connect(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<api::ConnectSandbox>,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    check_memory(&body)?;
+    let (record, outcome) = state.lifecycle.resume(&id, body.timeout).await?;
+    let status = match outcome {
+        ResumeOutcome::Resumed => StatusCode::CREATED,
+        ResumeOutcome::AlreadyRunning => StatusCode::OK,
+    };
+    Ok((status, Json(created(&state, &record))))
+}
+
+async fn metrics(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::SandboxMetric>>, ApiError> {
+    let record = state.lifecycle.get(&id).await?;
+    let Some(stats) = state.lifecycle.stats(&id).await? else {
+        return Ok(Json(Vec::new()));
+    };
+    let now = Utc::now();
+    Ok(Json(vec![api::SandboxMetric {
+        timestamp: now,
+        timestamp_unix: now.timestamp(),
+        cpu_count: cpu_count(record.vcpus),
+        cpu_used_pct: stats.cpu_percent / record.vcpus.max(1.0),
+        mem_used: stats.memory_bytes,
+        mem_total: if stats.memory_limit_bytes > 0 {
+            stats.memory_limit_bytes
+        } else {
+            record.memory_mib * 1024 * 1024
+        },
+        mem_cache: 0,
+        disk_used: stats.disk_used_bytes,
+        disk_total: if stats.disk_limit_bytes > 0 {
+            stats.disk_limit_bytes
+        } else {
+            record.disk_mib * 1024 * 1024
+        },
+    }]))
+}
+
+/// The sandbox's lifecycle events, as log lines.
+async fn logs(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<api::SandboxLogs>, ApiError> {
+    let events = state.lifecycle.events(&id).await?;
+    let mut logs = api::SandboxLogs {
+        logs: Vec::new(),
+        log_entries: Vec::new(),
+    };
+    for event in events {
+        let from = event
+            .from_state
+            .map_or("-".to_string(), |state| state.to_string());
+        let mut message = format!("sandbox {from} -> {}", event.to_state);
+        if let Some(reason) = &event.reason {
+            message.push_str(": ");
+            message.push_str(reason);
+        }
+        let level = if event.to_state == SandboxState::Failed {
+            "error"
+        } else {
+            "info"
+        };
+        let mut fields = BTreeMap::new();
+        fields.insert("from".to_string(), from);
+        fields.insert("to".to_string(), event.to_state.to_string());
+        logs.logs.push(api::SandboxLog {
+            timestamp: time(event.at),
+            line: message.clone(),
+        });
+        logs.log_entries.push(api::SandboxLogEntry {
+            timestamp: time(event.at),
+            message,
+            level: level.to_string(),
+            fields,
+        });
+    }
+    Ok(Json(logs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_token_round_trips() {
+        let token = URL_SAFE_NO_PAD.encode("1700000000000:abc");
+        assert_eq!(
+            decode_token(&token).unwrap(),
+            (1_700_000_000_000, "abc".to_string())
+        );
+        assert!(decode_token("!!!").is_err());
+        assert!(decode_token(&URL_SAFE_NO_PAD.encode("nocolon")).is_err());
+    }
+
+    #[test]
+    fn metadata_filter_is_decoded_twice() {
+        // The SDK's `{"a b": "c&d"}` after its own quoting and urlencode.
+        let query = QueryPairs(vec![(
+            "metadata".to_string(),
+            "a%2520b=c%2526d&x=y".to_string(),
+        )]);
+        let metadata = parse_metadata(&query).unwrap();
+        assert_eq!(metadata.get("a b").map(String::as_str), Some("c&d"));
+        assert_eq!(metadata.get("x").map(String::as_str), Some("y"));
+    }
+
+    #[test]
+    fn states_split_on_commas() {
+        let query = QueryPairs(vec![("state".to_string(), "running,paused".to_string())]);
+        assert_eq!(parse_states(&query).unwrap().len(), 5);
+        let bad = QueryPairs(vec![("state".to_string(), "sleeping".to_string())]);
+        assert!(parse_states(&bad).is_err());
+    }
+}

@@ -1,0 +1,107 @@
+//! Server configuration: where state lives, where to listen, limits.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Default directory of the Debian 12 base root filesystem built by `scripts/setup.d/40-rootfs.sh`.
+pub const DEFAULT_BASE_ROOTFS: &str = "/var/cache/warren/rootfs/debian12-base";
+/// Default state directory when running as root.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/warren";
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Holds `warren.db`, `sandboxes/`, `templates/`, `snapshots/`.
+    pub state_dir: PathBuf,
+    /// REST API listener (E2B_API_URL). Port 0 picks a free port.
+    pub api_listen: SocketAddr,
+    /// Sandbox proxy listener (E2B_SANDBOX_URL). Port 0 picks a free port.
+    pub proxy_listen: SocketAddr,
+    /// Sandboxes are reachable at `<port>-<sandboxID>.<domain>` through the proxy.
+    pub domain: String,
+    pub limits: Limits,
+    /// Resources of the built-in `base` template (and the default of sandboxes).
+    pub default_resources: DefaultResources,
+    /// Static warren-agent binary to mount into sandboxes. The runtime uses it; the server only passes it
+    /// on.
+    pub agent_binary: Option<PathBuf>,
+    /// Root filesystem of the `base` template.
+    pub base_rootfs: PathBuf,
+    /// How often the scheduler looks for expired sandboxes.
+    pub scheduler_interval: Duration,
+    /// How long to wait for the agent's `/init` after a start or restore.
+    pub agent_init_timeout: Duration,
+}
+
+/// Fleet limits of this node; admission refuses with 429 beyond them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Limits {
+    pub max_sandboxes: u32,
+    pub max_total_vcpus: f64,
+    pub max_total_memory_mib: u64,
+    /// Timeout of a sandbox whose request named none.
+    pub default_timeout: Duration,
+    /// Largest timeout a request may ask for.
+    pub max_timeout: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct DefaultResources {
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub max_pids: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_sandboxes: 64,
+            max_total_vcpus: 64.0,
+            max_total_memory_mib: 16 * 1024,
+            default_timeout: Duration::from_secs(300),
+            max_timeout: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+impl Default for DefaultResources {
+    fn default() -> Self {
+        DefaultResources {
+            vcpus: 2.0,
+            memory_mib: 512,
+            disk_mib: 2048,
+            max_pids: 4096,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// Configuration with the documented defaults (API on 127.0.0.1:3000, proxy on 0.0.0.0:3001).
+    pub fn new(state_dir: PathBuf) -> Self {
+        ServerConfig {
+            state_dir,
+            api_listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
+            proxy_listen: SocketAddr::from(([0, 0, 0, 0], 3001)),
+            domain: "localhost".to_string(),
+            limits: Limits::default(),
+            default_resources: DefaultResources::default(),
+            agent_binary: None,
+            base_rootfs: PathBuf::from(DEFAULT_BASE_ROOTFS),
+            scheduler_interval: Duration::from_secs(1),
+            agent_init_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn sandboxes_dir(&self) -> PathBuf {
+        self.state_dir.join("sandboxes")
+    }
+
+    pub fn templates_dir(&self) -> PathBuf {
+        self.state_dir.join("templates")
+    }
+
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.state_dir.join("snapshots")
+    }
+}

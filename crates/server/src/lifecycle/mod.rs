@@ -1,0 +1,25 @@
+//! Sandbox lifecycle: the state machine, admission, the operations the API and the proxy call, the
+//! timeout scheduler and start-up reconciliation.
+
+pub mod admission;
+pub mod agent_init;
+mod operations;
+pub mod reconcile;
+pub mod scheduler;
+pub mod state;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+pub use operations::{
+    CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, ResumeOutcome, RouteError,
+};
+
+use crate::store::Millis;
+
+/// Now, in Unix milliseconds.
+pub fn now_millis() -> Millis {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_millis() as Millis)
+        .unwrap_or(0)
+}

@@ -1,0 +1,898 @@
+//! The operations on sandboxes. Each one takes the sandbox's lock, checks the transition table, calls the
+//! runtime and stores the transition. HTTP handlers and the proxy only call these.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use rand::distributions::{Alphanumeric, DistString};
+use rand::Rng;
+use warren_proto::api::EnvdInit;
+use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, Sandbox, SandboxSpec, Stats};
+
+use super::admission::{self, AdmissionError, Request, Usage};
+use super::agent_init::{init_agent, AgentInitError};
+use super::now_millis;
+use super::state::{InvalidTransition, SandboxState};
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::store::{
+    Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, Store, StoreError,
+    TemplateRecord, TransitionUpdate,
+};
+
+/// User the agent runs commands as unless a request names another.
+const DEFAULT_USER: &str = "user";
+/// Client ID reported for every sandbox of this node.
+const CLIENT_ID: &str = "warren";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{0}' not found")]
+    TemplateNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Quota(#[from] AdmissionError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Transition(#[from] InvalidTransition),
+    #[error("runtime failed to {action} sandbox {id}")]
+    Runtime {
+        action: &'static str,
+        id: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("agent of sandbox {id} did not initialise")]
+    AgentInit {
+        id: String,
+        #[source]
+        source: AgentInitError,
+    },
+    #[error("store failed")]
+    Store(#[from] StoreError),
+}
+
+/// Why the proxy cannot reach a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("sandbox {0} is paused and does not resume on traffic; resume it through the API")]
+    Paused(String),
+    #[error("sandbox {id} could not be resumed")]
+    ResumeFailed {
+        id: String,
+        #[source]
+        source: Box<LifecycleError>,
+    },
+    #[error("store failed")]
+    Store(#[from] StoreError),
+}
+
+/// A validated create request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CreateRequest {
+    pub template: String,
+    pub timeout: Option<i64>,
+    pub auto_pause: bool,
+    pub auto_resume: Option<bool>,
+    pub secure: bool,
+    pub allow_internet: Option<bool>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedSandbox {
+    pub record: SandboxRecord,
+}
+
+/// What connect/resume did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    Resumed,
+    AlreadyRunning,
+}
+
+/// Where the proxy sends traffic for a running sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Route {
+    ip: Ipv4Addr,
+}
+
+pub struct Lifecycle {
+    store: Arc<dyn Store>,
+    runtime: Arc<dyn Runtime>,
+    config: ServerConfig,
+    capabilities: Capabilities,
+    metrics: Arc<Metrics>,
+    /// One lock per sandbox: operations on one sandbox happen one after another.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises admission checks with the insert that follows them.
+    admission: tokio::sync::Mutex<()>,
+    /// Running sandboxes' addresses, for the proxy's fast path.
+    routes: RwLock<HashMap<String, Route>>,
+}
+
+fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
+    let id = id.to_string();
+    move |source| LifecycleError::Runtime { action, id, source }
+}
+
+/// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
+/// contains no `-`, so `<port>-<id>` splits cleanly).
+fn new_sandbox_id() -> String {
+    let mut rng = rand::thread_rng();
+    let first = rng.gen_range(b'a'..=b'z') as char;
+    let rest: String = Alphanumeric
+        .sample_string(&mut rng, 19)
+        .to_ascii_lowercase();
+    format!("{first}{rest}")
+}
+
+fn new_access_token() -> String {
+    let mut bytes = [0u8; 24];
+    rand::thread_rng().fill(&mut bytes);
+    hex::encode(bytes)
+}
+
+impl Lifecycle {
+    pub fn new(
+        store: Arc<dyn Store>,
+        runtime: Arc<dyn Runtime>,
+        config: ServerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let capabilities = runtime.capabilities();
+        Lifecycle {
+            store,
+            runtime,
+            config,
+            capabilities,
+            metrics,
+            locks: Mutex::new(HashMap::new()),
+            admission: tokio::sync::Mutex::new(()),
+            routes: RwLock::new(HashMap::new()),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// Run a blocking runtime call off the async threads.
+    pub(crate) async fn on_runtime<T, F>(&self, call: F) -> Result<T, RuntimeError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Runtime) -> Result<T, RuntimeError> + Send + 'static,
+    {
+        let runtime = Arc::clone(&self.runtime);
+        tokio::task::spawn_blocking(move || call(runtime.as_ref()))
+            .await
+            .unwrap_or_else(|join| {
+                Err(RuntimeError::Other(format!(
+                    "runtime call panicked: {join}"
+                )))
+            })
+    }
+
+    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(locks.entry(id.to_string()).or_default())
+    }
+
+    fn forget_lock(&self, id: &str) {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.remove(id);
+    }
+
+    fn set_route(&self, id: &str, route: Option<Route>) {
+        let mut routes = self
+            .routes
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match route {
+            Some(route) => routes.insert(id.to_string(), route),
+            None => routes.remove(id),
+        };
+    }
+
+    fn route(&self, id: &str) -> Option<Route> {
+        let routes = self
+            .routes
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        routes.get(id).copied()
+    }
+
+    /// Check the table, store the transition and its event, and keep the caches in step.
+    pub(crate) async fn transition(
+        &self,
+        record: &mut SandboxRecord,
+        to: SandboxState,
+        update: TransitionUpdate,
+    ) -> Result<(), LifecycleError> {
+        record.state.check_transition(to)?;
+        let now = now_millis();
+        self.store
+            .transition_sandbox(&record.id, record.state, to, &update, now)
+            .await?;
+        tracing::info!(sandbox = %record.id, from = %record.state, to = %to, reason = ?update.reason, "sandbox transition");
+        self.metrics.transition(record.state, to);
+        record.state = to;
+        record.state_reason = update.reason;
+        record.updated_at = now;
+        if let Some(ip) = update.ip {
+            record.ip = ip;
+        }
+        if let Some(pid) = update.init_pid {
+            record.init_pid = pid;
+        }
+        if let Some(kind) = update.pause_kind {
+            record.pause_kind = kind;
+        }
+        if let Some(dir) = update.snapshot_dir {
+            record.snapshot_dir = dir;
+        }
+        if let Some(end_at) = update.end_at {
+            record.end_at = end_at;
+        }
+        match (to, record.ip) {
+            (SandboxState::Running, Some(ip)) => self.set_route(&record.id, Some(Route { ip })),
+            _ => self.set_route(&record.id, None),
+        }
+        if to.is_terminal() {
+            self.forget_lock(&record.id);
+        }
+        Ok(())
+    }
+
+    /// Validate a timeout in seconds against the node's maximum.
+    pub fn timeout_millis(&self, timeout: Option<i64>) -> Result<Millis, LifecycleError> {
+        let max = self.config.limits.max_timeout.as_secs() as i64;
+        let seconds = match timeout {
+            None => self.config.limits.default_timeout.as_secs() as i64,
+            Some(seconds) if seconds <= 0 => {
+                return Err(LifecycleError::BadRequest(format!(
+                    "timeout must be a positive number of seconds, got {seconds}"
+                )))
+            }
+            Some(seconds) if seconds > max => {
+                return Err(LifecycleError::BadRequest(format!(
+                    "timeout {seconds} s is longer than this server's maximum of {max} s"
+                )))
+            }
+            Some(seconds) => seconds,
+        };
+        Ok(seconds * 1000)
+    }
+
+    fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
+        SandboxSpec {
+            id: record.id.clone(),
+            layers: template.layers.clone(),
+            resources: Resources {
+                vcpus: record.vcpus,
+                memory_mib: record.memory_mib,
+                disk_mib: record.disk_mib,
+                max_pids: self.config.default_resources.max_pids,
+            },
+            network: warren_runtime::NetworkSpec {
+                allow_internet: record.allow_internet.unwrap_or(true),
+            },
+        }
+    }
+
+    async fn template(&self, id_or_alias: &str) -> Result<TemplateRecord, LifecycleError> {
+        match self.store.get_template(id_or_alias).await? {
+            Some(template) if template.status == "ready" => Ok(template),
+            Some(template) => Err(LifecycleError::Conflict(format!(
+                "template '{id_or_alias}' is not ready (status {})",
+                template.status
+            ))),
+            None => Err(LifecycleError::TemplateNotFound(id_or_alias.to_string())),
+        }
+    }
+
+    async fn init_agent_of(
+        &self,
+        record: &SandboxRecord,
+        sandbox: &Sandbox,
+        previous_token: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let body = EnvdInit {
+            env_vars: record.env_vars.clone(),
+            access_token: record.envd_access_token.clone(),
+            default_user: Some(DEFAULT_USER.to_string()),
+            default_workdir: None,
+            timestamp: Some(chrono::Utc::now()),
+        };
+        init_agent(
+            sandbox.agent_addr(),
+            &body,
+            previous_token,
+            self.config.agent_init_timeout,
+        )
+        .await
+        .map_err(|source| LifecycleError::AgentInit {
+            id: record.id.clone(),
+            source,
+        })
+    }
+
+    /// Admit, start and initialise a sandbox.
+    pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
+        let timeout = self.timeout_millis(request.timeout)?;
+        let template = self.template(&request.template).await?;
+        let now = now_millis();
+        let mut record = SandboxRecord {
+            id: new_sandbox_id(),
+            template_id: template.id.clone(),
+            alias: (request.template != template.id).then(|| request.template.clone()),
+            client_id: CLIENT_ID.to_string(),
+            state: SandboxState::Creating,
+            state_reason: None,
+            metadata: request.metadata,
+            env_vars: request.env_vars,
+            vcpus: template.vcpus,
+            memory_mib: template.memory_mib,
+            disk_mib: template.disk_mib,
+            auto_pause: request.auto_pause,
+            auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
+            allow_internet: request.allow_internet,
+            envd_access_token: request.secure.then(new_access_token),
+            ip: None,
+            init_pid: None,
+            pause_kind: None,
+            snapshot_dir: None,
+            started_at: now,
+            end_at: now + timeout,
+            updated_at: now,
+        };
+        let lock = self.lock_for(&record.id);
+        let _held = lock.lock().await;
+        {
+            let _admitting = self.admission.lock().await;
+            let live = self
+                .store
+                .list_sandboxes(&SandboxFilter {
+                    states: SandboxState::ALL
+                        .into_iter()
+                        .filter(|s| s.holds_resources())
+                        .collect(),
+                    ..SandboxFilter::default()
+                })
+                .await?;
+            let request = Request {
+                vcpus: record.vcpus,
+                memory_mib: record.memory_mib,
+            };
+            if let Err(refused) = admission::admit(&self.config.limits, Usage::of(&live), request) {
+                self.metrics.admission_refused();
+                return Err(refused.into());
+            }
+            self.store.insert_sandbox(&record).await?;
+        }
+        let admitted = std::time::Instant::now();
+
+        let spec = self.spec_for(&record, &template);
+        let started = self.on_runtime(move |runtime| runtime.create(&spec)).await;
+        let sandbox = match started {
+            Ok(sandbox) => sandbox,
+            Err(source) => {
+                let reason = format!("start failed: {source}");
+                self.fail(&mut record, reason).await;
+                return Err(LifecycleError::Runtime {
+                    action: "start",
+                    id: record.id.clone(),
+                    source,
+                });
+            }
+        };
+        if let Err(error) = self.init_agent_of(&record, &sandbox, None).await {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed init");
+            }
+            self.fail(&mut record, format!("agent init failed: {error}"))
+                .await;
+            return Err(error);
+        }
+        self.transition(
+            &mut record,
+            SandboxState::Running,
+            TransitionUpdate {
+                ip: Some(Some(sandbox.ip)),
+                init_pid: Some(Some(sandbox.init_pid)),
+                ..TransitionUpdate::default()
+            },
+        )
+        .await?;
+        self.metrics
+            .sandbox_started(admitted.elapsed().as_secs_f64());
+        if let Err(error) = self
+            .store
+            .record_template_spawn(&template.id, now_millis())
+            .await
+        {
+            tracing::warn!(template = %template.id, %error, "cannot count template spawn");
+        }
+        Ok(CreatedSandbox { record })
+    }
+
+    /// Move to `failed`, logging (not returning) a store error: the caller is already reporting one.
+    async fn fail(&self, record: &mut SandboxRecord, reason: String) {
+        tracing::warn!(sandbox = %record.id, %reason, "sandbox failed");
+        let update = TransitionUpdate {
+            reason: Some(reason),
+            ip: Some(None),
+            init_pid: Some(None),
+            ..TransitionUpdate::default()
+        };
+        if let Err(error) = self.transition(record, SandboxState::Failed, update).await {
+            tracing::error!(sandbox = %record.id, %error, "cannot record failure");
+        }
+    }
+
+    /// A live (non-terminal) sandbox, or `NotFound`.
+    async fn live_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        match self.store.get_sandbox(id).await? {
+            Some(record) if !record.state.is_terminal() => Ok(record),
+            _ => Err(LifecycleError::NotFound(id.to_string())),
+        }
+    }
+
+    /// Sandbox as the API shows it (live ones only).
+    pub async fn get(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        self.live_record(id).await
+    }
+
+    pub async fn list(&self, filter: &SandboxFilter) -> Result<Vec<SandboxRecord>, LifecycleError> {
+        let mut filter = filter.clone();
+        if filter.states.is_empty() {
+            filter.states = SandboxState::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .collect();
+        }
+        Ok(self.store.list_sandboxes(&filter).await?)
+    }
+
+    pub async fn events(&self, id: &str) -> Result<Vec<SandboxEvent>, LifecycleError> {
+        self.live_record(id).await?;
+        Ok(self.store.sandbox_events(id).await?)
+    }
+
+    /// Destroy a sandbox (running or paused).
+    pub async fn kill(&self, id: &str, reason: &str) -> Result<(), LifecycleError> {
+        let lock = self.lock_for(id);
+        let _held = lock.lock().await;
+        let mut record = self.live_record(id).await?;
+        self.kill_locked(&mut record, reason).await
+    }
+
+    async fn kill_locked(
+        &self,
+        record: &mut SandboxRecord,
+        reason: &str,
+    ) -> Result<(), LifecycleError> {
+        if let Err(invalid) = record.state.check_transition(SandboxState::Killed) {
+            return Err(LifecycleError::Conflict(format!(
+                "sandbox {} is {} and cannot be killed now: {invalid}",
+                record.id, record.state
+            )));
+        }
+        let checkpointed = record.pause_kind == Some(PauseKind::Checkpoint);
+        if !checkpointed {
+            let id = record.id.clone();
+            match self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                Ok(()) | Err(RuntimeError::NotFound(_)) => {}
+                Err(source) => {
+                    self.fail(record, format!("destroy failed: {source}")).await;
+                    return Err(LifecycleError::Runtime {
+                        action: "destroy",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
+            }
+        }
+        if let Some(dir) = record.snapshot_dir.clone() {
+            remove_snapshot(&dir).await;
+        }
+        self.transition(
+            record,
+            SandboxState::Killed,
+            TransitionUpdate {
+                reason: Some(reason.to_string()),
+                ip: Some(None),
+                init_pid: Some(None),
+                snapshot_dir: Some(None),
+                ..TransitionUpdate::default()
+            },
+        )
+        .await
+    }
+
+    /// Move the end time to `now + timeout`.
+    pub async fn set_timeout(
+        &self,
+        id: &str,
+        timeout: i64,
+    ) -> Result<SandboxRecord, LifecycleError> {
+        let timeout = self.timeout_millis(Some(timeout))?;
+        let lock = self.lock_for(id);
+        let _held = lock.lock().await;
+        let mut record = self.live_record(id).await?;
+        let now = now_millis();
+        record.end_at = now + timeout;
+        self.store.set_sandbox_end(id, record.end_at, now).await?;
+        Ok(record)
+    }
+
+    /// Pause: checkpoint to disk where the runtime can, else freeze in memory.
+    pub async fn pause(&self, id: &str, reason: &str) -> Result<PauseKind, LifecycleError> {
+        let lock = self.lock_for(id);
+        let _held = lock.lock().await;
+        let mut record = self.live_record(id).await?;
+        self.pause_locked(&mut record, reason).await
+    }
+
+    async fn pause_locked(
+        &self,
+        record: &mut SandboxRecord,
+        reason: &str,
+    ) -> Result<PauseKind, LifecycleError> {
+        match record.state {
+            SandboxState::Running => {}
+            SandboxState::Paused | SandboxState::Pausing => {
+                return Err(LifecycleError::Conflict(format!(
+                    "sandbox {} is already paused",
+                    record.id
+                )))
+            }
+            other => {
+                return Err(LifecycleError::Conflict(format!(
+                    "sandbox {} is {other} and cannot be paused now",
+                    record.id
+                )))
+            }
+        }
+        let reason = Some(reason.to_string());
+        self.transition(
+            record,
+            SandboxState::Pausing,
+            TransitionUpdate {
+                reason: reason.clone(),
+                ..TransitionUpdate::default()
+            },
+        )
+        .await?;
+
+        if self.capabilities.checkpoint {
+            let dir = self.config.snapshots_dir().join(&record.id);
+            let id = record.id.clone();
+            let dest = dir.clone();
+            match self
+                .on_runtime(move |runtime| runtime.checkpoint(&id, &dest, false))
+                .await
+            {
+                Ok(info) => {
+                    tracing::info!(sandbox = %record.id, bytes = info.size_bytes, dir = %info.dir.display(), "checkpointed");
+                    self.transition(
+                        record,
+                        SandboxState::Paused,
+                        TransitionUpdate {
+                            reason: reason.map(|reason| format!("{reason} (checkpointed to disk)")),
+                            ip: Some(None),
+                            init_pid: Some(None),
+                            pause_kind: Some(Some(PauseKind::Checkpoint)),
+                            snapshot_dir: Some(Some(info.dir)),
+                            ..TransitionUpdate::default()
+                        },
+                    )
+                    .await?;
+                    return Ok(PauseKind::Checkpoint);
+                }
+                Err(error) => {
+                    tracing::warn!(sandbox = %record.id, %error, "checkpoint failed; pausing by freezing instead");
+                    remove_snapshot(&dir).await;
+                }
+            }
+        }
+
+        let id = record.id.clone();
+        match self.on_runtime(move |runtime| runtime.freeze(&id)).await {
+            Ok(()) => {
+                self.transition(
+                    record,
+                    SandboxState::Paused,
+                    TransitionUpdate {
+                        reason: reason.map(|reason| format!("{reason} (frozen in memory)")),
+                        pause_kind: Some(Some(PauseKind::Freeze)),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+                Ok(PauseKind::Freeze)
+            }
+            Err(RuntimeError::NotFound(_)) => {
+                self.fail(record, "lost while pausing".to_string()).await;
+                Err(LifecycleError::NotFound(record.id.clone()))
+            }
+            Err(source) => {
+                self.transition(
+                    record,
+                    SandboxState::Running,
+                    TransitionUpdate {
+                        reason: Some(format!("pause failed: {source}")),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+                Err(LifecycleError::Runtime {
+                    action: "freeze",
+                    id: record.id.clone(),
+                    source,
+                })
+            }
+        }
+    }
+
+    /// Resume a paused sandbox (connect semantics: a running one just gets its timeout extended).
+    /// `timeout` in seconds; `None` keeps the default.
+    pub async fn resume(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+    ) -> Result<(SandboxRecord, ResumeOutcome), LifecycleError> {
+        let timeout = self.timeout_millis(timeout)?;
+        let lock = self.lock_for(id);
+        let _held = lock.lock().await;
+        let mut record = self.live_record(id).await?;
+        let now = now_millis();
+        match record.state {
+            SandboxState::Paused => {}
+            SandboxState::Running | SandboxState::Creating | SandboxState::Resuming => {
+                let end_at = now + timeout;
+                if end_at > record.end_at {
+                    self.store.set_sandbox_end(id, end_at, now).await?;
+                    record.end_at = end_at;
+                }
+                return Ok((record, ResumeOutcome::AlreadyRunning));
+            }
+            other => {
+                return Err(LifecycleError::Conflict(format!(
+                    "sandbox {id} is {other} and cannot be resumed now"
+                )))
+            }
+        }
+        self.resume_locked(&mut record, now + timeout).await?;
+        Ok((record, ResumeOutcome::Resumed))
+    }
+
+    async fn resume_locked(
+        &self,
+        record: &mut SandboxRecord,
+        end_at: Millis,
+    ) -> Result<(), LifecycleError> {
+        self.transition(record, SandboxState::Resuming, TransitionUpdate::default())
+            .await?;
+        let id = record.id.clone();
+        match record.pause_kind {
+            Some(PauseKind::Checkpoint) => {
+                let Some(dir) = record.snapshot_dir.clone() else {
+                    self.fail(record, "checkpoint directory missing".to_string())
+                        .await;
+                    return Err(LifecycleError::Conflict(format!(
+                        "sandbox {id} has no checkpoint to resume"
+                    )));
+                };
+                let template = match self.store.get_template(&record.template_id).await? {
+                    Some(template) => template,
+                    None => {
+                        self.fail(record, "template gone".to_string()).await;
+                        return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
+                    }
+                };
+                let spec = self.spec_for(record, &template);
+                let checkpoint = dir.clone();
+                let restored = self
+                    .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
+                    .await;
+                let sandbox = match restored {
+                    Ok(sandbox) => sandbox,
+                    Err(source) => {
+                        self.transition(
+                            record,
+                            SandboxState::Paused,
+                            TransitionUpdate {
+                                reason: Some(format!("restore failed: {source}")),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await?;
+                        return Err(LifecycleError::Runtime {
+                            action: "restore",
+                            id,
+                            source,
+                        });
+                    }
+                };
+                let token = record.envd_access_token.clone();
+                if let Err(error) = self.init_agent_of(record, &sandbox, token.as_deref()).await {
+                    // The restored tree is running but unusable; the checkpoint is still on disk.
+                    let id = record.id.clone();
+                    if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await
+                    {
+                        tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed re-init");
+                    }
+                    self.transition(
+                        record,
+                        SandboxState::Paused,
+                        TransitionUpdate {
+                            reason: Some(format!("agent re-init failed: {error}")),
+                            ..TransitionUpdate::default()
+                        },
+                    )
+                    .await?;
+                    return Err(error);
+                }
+                self.transition(
+                    record,
+                    SandboxState::Running,
+                    TransitionUpdate {
+                        ip: Some(Some(sandbox.ip)),
+                        init_pid: Some(Some(sandbox.init_pid)),
+                        pause_kind: Some(None),
+                        snapshot_dir: Some(None),
+                        end_at: Some(end_at),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+                remove_snapshot(&dir).await;
+                Ok(())
+            }
+            Some(PauseKind::Freeze) | None => {
+                match self.on_runtime(move |runtime| runtime.thaw(&id)).await {
+                    Ok(()) => {
+                        self.transition(
+                            record,
+                            SandboxState::Running,
+                            TransitionUpdate {
+                                pause_kind: Some(None),
+                                end_at: Some(end_at),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await
+                    }
+                    Err(RuntimeError::NotFound(_)) => {
+                        self.fail(record, "lost while paused".to_string()).await;
+                        Err(LifecycleError::NotFound(record.id.clone()))
+                    }
+                    Err(source) => {
+                        self.transition(
+                            record,
+                            SandboxState::Paused,
+                            TransitionUpdate {
+                                reason: Some(format!("thaw failed: {source}")),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await?;
+                        Err(LifecycleError::Runtime {
+                            action: "thaw",
+                            id: record.id.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+    }
+
+    /// The scheduler's action for a sandbox whose time is up: pause (autoPause) or kill. Re-checks the end
+    /// time under the lock, since the timeout may have moved.
+    pub async fn expire(
+        &self,
+        id: &str,
+        now: Millis,
+    ) -> Result<Option<SandboxState>, LifecycleError> {
+        let lock = self.lock_for(id);
+        let _held = lock.lock().await;
+        let mut record = match self.store.get_sandbox(id).await? {
+            Some(record) if record.state == SandboxState::Running && record.end_at <= now => record,
+            _ => return Ok(None),
+        };
+        if record.auto_pause {
+            self.pause_locked(&mut record, "timeout").await?;
+        } else {
+            self.kill_locked(&mut record, "timeout").await?;
+        }
+        Ok(Some(record.state))
+    }
+
+    /// Latest resource sample of a sandbox; empty when it has no running processes (checkpointed).
+    pub async fn stats(&self, id: &str) -> Result<Option<Stats>, LifecycleError> {
+        let record = self.live_record(id).await?;
+        if record.pause_kind == Some(PauseKind::Checkpoint) {
+            return Ok(None);
+        }
+        let id = record.id.clone();
+        match self.on_runtime(move |runtime| runtime.stats(&id)).await {
+            Ok(stats) => Ok(Some(stats)),
+            Err(RuntimeError::NotFound(_)) => Ok(None),
+            Err(source) => Err(runtime_error("read stats of", &record.id)(source)),
+        }
+    }
+
+    /// Where the proxy should send traffic for sandbox `id`: resumes a paused sandbox that allows it.
+    pub async fn route_for_traffic(&self, id: &str) -> Result<Ipv4Addr, RouteError> {
+        if let Some(route) = self.route(id) {
+            return Ok(route.ip);
+        }
+        let record = match self.store.get_sandbox(id).await? {
+            Some(record) if !record.state.is_terminal() => record,
+            _ => return Err(RouteError::NotFound(id.to_string())),
+        };
+        match record.state {
+            SandboxState::Running => record
+                .ip
+                .ok_or_else(|| RouteError::NotFound(id.to_string())),
+            SandboxState::Paused | SandboxState::Pausing if !record.auto_resume => {
+                Err(RouteError::Paused(id.to_string()))
+            }
+            _ => {
+                // Paused (auto-resume), or mid-transition: resume waits for the sandbox's lock.
+                let resumed = self.resume(id, None).await.map_err(|source| match source {
+                    LifecycleError::NotFound(id) => RouteError::NotFound(id),
+                    other => RouteError::ResumeFailed {
+                        id: id.to_string(),
+                        source: Box::new(other),
+                    },
+                })?;
+                resumed
+                    .0
+                    .ip
+                    .ok_or_else(|| RouteError::NotFound(id.to_string()))
+            }
+        }
+    }
+
+    /// Fill the proxy's route cache from the store (after reconciliation).
+    pub(crate) fn remember_route(&self, record: &SandboxRecord) {
+        if let (SandboxState::Running, Some(ip)) = (record.state, record.ip) {
+            self.set_route(&record.id, Some(Route { ip }));
+        }
+    }
+}
+
+async fn remove_snapshot(dir: &PathBuf) {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => tracing::warn!(dir = %dir.display(), %error, "cannot remove snapshot"),
+    }
+}

@@ -1,0 +1,66 @@
+//! The timeout scheduler: at each tick, sandboxes whose end time has passed are paused (autoPause) or
+//! killed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::state::SandboxState;
+use super::{now_millis, Lifecycle, LifecycleError};
+use crate::store::Millis;
+
+/// What one pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ExpiryReport {
+    pub paused: Vec<String>,
+    pub killed: Vec<String>,
+    pub failed: Vec<String>,
+}
+
+/// Act on every running sandbox whose end time is at or before `now`.
+pub async fn expire_due(
+    lifecycle: &Lifecycle,
+    now: Millis,
+) -> Result<ExpiryReport, LifecycleError> {
+    let mut report = ExpiryReport::default();
+    for record in lifecycle.store().expired_sandboxes(now).await? {
+        match lifecycle.expire(&record.id, now).await {
+            Ok(Some(SandboxState::Paused)) => report.paused.push(record.id),
+            Ok(Some(SandboxState::Killed)) => report.killed.push(record.id),
+            Ok(Some(_)) => report.failed.push(record.id),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::warn!(sandbox = %record.id, error = %error, "expiry failed");
+                report.failed.push(record.id);
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Run [`expire_due`] every `interval` until `shutdown` turns true.
+pub async fn run(
+    lifecycle: Arc<Lifecycle>,
+    interval: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        match expire_due(&lifecycle, now_millis()).await {
+            Ok(report) if report != ExpiryReport::default() => {
+                tracing::info!(paused = ?report.paused, killed = ?report.killed, failed = ?report.failed, "timeouts enforced");
+            }
+            Ok(_) => {}
+            Err(error) => tracing::error!(%error, "scheduler pass failed"),
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Prometheus metrics of the server, served at `/metrics`.
+
+use std::sync::Mutex;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::lifecycle::state::SandboxState;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TransitionLabels {
+    from: String,
+    to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProxyLabels {
+    outcome: String,
+}
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    transitions: Family<TransitionLabels, Counter>,
+    sandboxes: Family<StateLabels, Gauge>,
+    admission_refused: Counter,
+    proxy_requests: Family<ProxyLabels, Counter>,
+    start_seconds: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("warren");
+        let transitions = Family::<TransitionLabels, Counter>::default();
+        let sandboxes = Family::<StateLabels, Gauge>::default();
+        let admission_refused = Counter::default();
+        let proxy_requests = Family::<ProxyLabels, Counter>::default();
+        let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
+        registry.register(
+            "sandbox_transitions",
+            "Sandbox state transitions",
+            transitions.clone(),
+        );
+        registry.register(
+            "sandboxes",
+            "Sandboxes by state, since start",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "admission_refused",
+            "Sandbox creations refused by quota",
+            admission_refused.clone(),
+        );
+        registry.register(
+            "proxy_requests",
+            "Requests through the sandbox proxy",
+            proxy_requests.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            transitions,
+            sandboxes,
+            admission_refused,
+            proxy_requests,
+            start_seconds,
+        }
+    }
+
+    pub fn transition(&self, from: SandboxState, to: SandboxState) {
+        self.transitions
+            .get_or_create(&TransitionLabels {
+                from: from.as_str().to_string(),
+                to: to.as_str().to_string(),
+            })
+            .inc();
+    }
+
+    /// Set the per-state gauge from a count of the store's live sandboxes (done at scrape time, so it
+    /// is right after restarts too).
+    pub fn set_sandbox_counts(&self, states: impl IntoIterator<Item = SandboxState>) {
+        let mut counts = std::collections::HashMap::new();
+        for state in states {
+            *counts.entry(state).or_insert(0i64) += 1;
+        }
+        for state in SandboxState::ALL
+            .into_iter()
+            .filter(|state| !state.is_terminal())
+        {
+            self.sandboxes
+                .get_or_create(&StateLabels {
+                    state: state.as_str().to_string(),
+                })
+                .set(counts.get(&state).copied().unwrap_or(0));
+        }
+    }
+
+    pub fn sandbox_started(&self, seconds: f64) {
+        self.start_seconds.observe(seconds);
+    }
+
+    pub fn admission_refused(&self) {
+        self.admission_refused.inc();
+    }
+
+    pub fn proxy_request(&self, outcome: &str) {
+        self.proxy_requests
+            .get_or_create(&ProxyLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// The text exposition format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let registry = self
+            .registry
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}

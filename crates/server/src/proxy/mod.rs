@@ -1,0 +1,309 @@
+//! The sandbox proxy: one listener; each request goes to `<sandbox ip>:<port>` of the sandbox it names.
+//! HTTP/1.1 and HTTP/2 (h2c) downstream, streaming bodies both ways, websockets and other upgrades. Built
+//! on hyper directly to keep the path short. Headers (envd's access token included) pass through untouched
+//! apart from hop-by-hop ones; the agent does its own token checks.
+
+pub mod target;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_TYPE, HOST, UPGRADE};
+use hyper::{Request, Response, StatusCode, Version};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+use crate::lifecycle::{Lifecycle, RouteError};
+use crate::metrics::Metrics;
+use target::{target_of, Target};
+
+pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+
+/// Headers that describe one connection, not the message; never forwarded.
+const HOP_BY_HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "transfer-encoding",
+];
+
+pub struct Proxy {
+    lifecycle: Arc<Lifecycle>,
+    metrics: Arc<Metrics>,
+    client: Client<HttpConnector, Incoming>,
+}
+
+fn body_of(bytes: impl Into<Bytes>) -> ProxyBody {
+    Full::new(bytes.into())
+        .map_err(|never| match never {})
+        .boxed()
+}
+
+/// A JSON error page `{code, message}`; the SDK reads `message`.
+fn error_response(status: StatusCode, message: String) -> Response<ProxyBody> {
+    let body = serde_json::json!({ "code": status.as_u16(), "message": message }).to_string();
+    let mut response = Response::new(body_of(body));
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    response
+}
+
+fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
+    // Headers named in `Connection` are hop-by-hop too.
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .flat_map(|value| value.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .filter(|name| !(keep_upgrade && name == UPGRADE))
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in HOP_BY_HOP {
+        headers.remove(name);
+    }
+    if !keep_upgrade {
+        headers.remove(UPGRADE);
+    }
+}
+
+impl Proxy {
+    pub fn new(lifecycle: Arc<Lifecycle>, metrics: Arc<Metrics>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_secs(5)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(connector);
+        Proxy {
+            lifecycle,
+            metrics,
+            client,
+        }
+    }
+
+    /// Accept connections until `shutdown` turns true.
+    pub async fn run(self: Arc<Self>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                _ = shutdown.changed() => return,
+            };
+            let (stream, peer) = match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "proxy accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let _ = stream.set_nodelay(true);
+            let proxy = Arc::clone(&self);
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request| {
+                    let proxy = Arc::clone(&proxy);
+                    async move { Ok::<_, Infallible>(proxy.handle(request).await) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                if let Err(error) = builder
+                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                    .await
+                {
+                    tracing::debug!(%peer, %error, "proxy connection ended with an error");
+                }
+            });
+        }
+    }
+
+    pub async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
+        let (parts, body) = request.into_parts();
+        let target = match target_of(&parts) {
+            Ok(target) => target,
+            Err(error) => {
+                self.metrics.proxy_request("bad_request");
+                return error_response(StatusCode::BAD_REQUEST, error.to_string());
+            }
+        };
+        let ip = match self.lifecycle.route_for_traffic(&target.sandbox_id).await {
+            Ok(ip) => ip,
+            Err(error) => {
+                self.metrics.proxy_request("unavailable");
+                return route_error_response(&target, error);
+            }
+        };
+        let addr = SocketAddr::from((ip, target.port));
+        let request = Request::from_parts(parts, body);
+        let response =
+            if request.headers().contains_key(UPGRADE) && request.version() == Version::HTTP_11 {
+                self.forward_upgrade(request, addr, &target).await
+            } else {
+                self.forward(request, addr, &target).await
+            };
+        self.metrics
+            .proxy_request(if response.status() == StatusCode::BAD_GATEWAY {
+                "port_closed"
+            } else {
+                "forwarded"
+            });
+        response
+    }
+
+    async fn forward(
+        &self,
+        request: Request<Incoming>,
+        addr: SocketAddr,
+        target: &Target,
+    ) -> Response<ProxyBody> {
+        let (mut parts, body) = request.into_parts();
+        let authority = parts
+            .uri
+            .authority()
+            .map(|authority| authority.as_str().to_string());
+        let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
+        parts.uri = match format!("http://{addr}{path}").parse() {
+            Ok(uri) => uri,
+            Err(error) => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    format!("invalid request path: {error}"),
+                )
+            }
+        };
+        if !parts.headers.contains_key(HOST) {
+            if let Some(value) =
+                authority.and_then(|authority| HeaderValue::from_str(&authority).ok())
+            {
+                parts.headers.insert(HOST, value);
+            }
+        }
+        parts.version = Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers, false);
+        match self.client.request(Request::from_parts(parts, body)).await {
+            Ok(response) => {
+                let (mut parts, body) = response.into_parts();
+                strip_hop_by_hop(&mut parts.headers, false);
+                Response::from_parts(parts, body.boxed())
+            }
+            Err(error) if error.is_connect() => port_closed(target),
+            Err(error) => {
+                tracing::debug!(sandbox = %target.sandbox_id, port = target.port, %error, "upstream request failed");
+                error_response(
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "request to port {} of sandbox {} failed: {error}",
+                        target.port, target.sandbox_id
+                    ),
+                )
+            }
+        }
+    }
+
+    /// Websockets and other HTTP/1.1 upgrades: forward the handshake on a fresh connection, then splice the
+    /// two upgraded streams.
+    async fn forward_upgrade(
+        &self,
+        mut request: Request<Incoming>,
+        addr: SocketAddr,
+        target: &Target,
+    ) -> Response<ProxyBody> {
+        let client_upgrade = hyper::upgrade::on(&mut request);
+        let stream = match TcpStream::connect(addr).await {
+            Ok(stream) => stream,
+            Err(_) => return port_closed(target),
+        };
+        let _ = stream.set_nodelay(true);
+        let (mut sender, connection) =
+            match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+                Ok(handshake) => handshake,
+                Err(_) => return port_closed(target),
+            };
+        tokio::spawn(async move {
+            if let Err(error) = connection.with_upgrades().await {
+                tracing::debug!(%error, "upstream upgrade connection ended with an error");
+            }
+        });
+        let (mut parts, body) = request.into_parts();
+        if let Some(path) = parts.uri.path_and_query() {
+            if let Ok(uri) = path.as_str().parse() {
+                parts.uri = uri;
+            }
+        }
+        strip_hop_by_hop(&mut parts.headers, true);
+        parts
+            .headers
+            .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+        let mut response = match sender.send_request(Request::from_parts(parts, body)).await {
+            Ok(response) => response,
+            Err(error) => {
+                return error_response(
+                    StatusCode::BAD_GATEWAY,
+                    format!(
+                        "upgrade to port {} of sandbox {} failed: {error}",
+                        target.port, target.sandbox_id
+                    ),
+                )
+            }
+        };
+        if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+            let server_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, server_upgrade) {
+                    Ok((client, server)) => {
+                        let mut client = TokioIo::new(client);
+                        let mut server = TokioIo::new(server);
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                    Err(error) => tracing::debug!(%error, "upgrade did not complete"),
+                }
+            });
+        }
+        let (parts, body) = response.into_parts();
+        Response::from_parts(parts, body.boxed())
+    }
+}
+
+fn port_closed(target: &Target) -> Response<ProxyBody> {
+    error_response(
+        StatusCode::BAD_GATEWAY,
+        format!(
+            "The sandbox {} is running but port is not open: nothing listens on port {}",
+            target.sandbox_id, target.port
+        ),
+    )
+}
+
+/// E2B's proxy answers 502 with "... was not found" for a sandbox that is gone; the SDK turns that message
+/// into `SandboxNotRunningException`, so Warren says the same.
+fn route_error_response(target: &Target, error: RouteError) -> Response<ProxyBody> {
+    match error {
+        RouteError::NotFound(id) => error_response(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found")),
+        RouteError::Paused(id) => error_response(
+            StatusCode::BAD_GATEWAY,
+            format!("The sandbox {id} is paused and does not resume on traffic; resume it through the API"),
+        ),
+        RouteError::ResumeFailed { id, source } => {
+            tracing::warn!(sandbox = %id, error = %source, port = target.port, "resume on traffic failed");
+            error_response(StatusCode::BAD_GATEWAY, format!("The sandbox {id} could not be resumed"))
+        }
+        RouteError::Store(error) => {
+            tracing::error!(%error, "proxy lookup failed");
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, "internal proxy error".to_string())
+        }
+    }
+}

@@ -1,0 +1,222 @@
+//! The store: sandboxes, templates, API keys and lifecycle events. The only source of truth.
+//!
+//! [`Store`] is the interface the rest of the server uses; [`sqlite::SqliteStore`] implements it (a
+//! PostgreSQL implementation can sit behind the same trait). All SQL lives in the implementations.
+
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+
+use async_trait::async_trait;
+
+use crate::lifecycle::state::SandboxState;
+
+pub use sqlite::SqliteStore;
+
+/// Unix time in milliseconds.
+pub type Millis = i64;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database error")]
+    Database(#[from] sqlx::Error),
+    #[error("database migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create state directory {path}")]
+    StateDir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("corrupt {what} in row {id}")]
+    Corrupt {
+        what: &'static str,
+        id: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+    /// The row was not in the state the caller expected (someone else moved it first).
+    #[error("sandbox {id} is {actual}, expected {expected}")]
+    StateConflict {
+        id: String,
+        expected: SandboxState,
+        actual: SandboxState,
+    },
+}
+
+/// A stored API key (never the secret itself).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiKeyRecord {
+    pub id: String,
+    pub name: String,
+    pub prefix: String,
+    pub secret_hash: String,
+    pub created_at: Millis,
+    pub last_used_at: Option<Millis>,
+    pub revoked_at: Option<Millis>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateRecord {
+    pub id: String,
+    pub aliases: Vec<String>,
+    /// Read-only layers, top-most first; the last one is a whole root filesystem.
+    pub layers: Vec<PathBuf>,
+    pub build_id: String,
+    /// `building`, `waiting`, `ready` or `error`.
+    pub status: String,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub envd_version: String,
+    pub public: bool,
+    pub spawn_count: u64,
+    pub last_spawned_at: Option<Millis>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// How a paused sandbox was paused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseKind {
+    /// CRIU checkpoint on disk; nothing runs.
+    Checkpoint,
+    /// cgroup freezer; memory stays resident.
+    Freeze,
+}
+
+impl PauseKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseKind::Checkpoint => "checkpoint",
+            PauseKind::Freeze => "freeze",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "checkpoint" => Some(PauseKind::Checkpoint),
+            "freeze" => Some(PauseKind::Freeze),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxRecord {
+    pub id: String,
+    pub template_id: String,
+    pub alias: Option<String>,
+    pub client_id: String,
+    pub state: SandboxState,
+    pub state_reason: Option<String>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    pub auto_pause: bool,
+    pub auto_resume: bool,
+    pub allow_internet: Option<bool>,
+    pub envd_access_token: Option<String>,
+    pub ip: Option<Ipv4Addr>,
+    pub init_pid: Option<u32>,
+    pub pause_kind: Option<PauseKind>,
+    pub snapshot_dir: Option<PathBuf>,
+    pub started_at: Millis,
+    pub end_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// One stored state transition.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxEvent {
+    pub seq: i64,
+    pub sandbox_id: String,
+    pub from_state: Option<SandboxState>,
+    pub to_state: SandboxState,
+    pub reason: Option<String>,
+    pub at: Millis,
+}
+
+/// What changes together with a state transition.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct TransitionUpdate {
+    pub reason: Option<String>,
+    /// `Some(None)` clears the field, `None` leaves it.
+    pub ip: Option<Option<Ipv4Addr>>,
+    pub init_pid: Option<Option<u32>>,
+    pub pause_kind: Option<Option<PauseKind>>,
+    pub snapshot_dir: Option<Option<PathBuf>>,
+    pub end_at: Option<Millis>,
+}
+
+/// Filter of [`Store::list_sandboxes`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SandboxFilter {
+    /// Any of these states; empty means every state.
+    pub states: Vec<SandboxState>,
+    /// Every pair must match.
+    pub metadata: BTreeMap<String, String>,
+    pub template: Option<String>,
+    pub started_after: Option<Millis>,
+    /// Newest first when true.
+    pub descending: bool,
+    /// Continue after this `(started_at, id)` position.
+    pub after: Option<(Millis, String)>,
+    pub limit: Option<u32>,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync {
+    // API keys
+    async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError>;
+    async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
+    /// Live (not revoked) key with this secret hash; records the use.
+    async fn use_api_key(
+        &self,
+        secret_hash: &str,
+        now: Millis,
+    ) -> Result<Option<ApiKeyRecord>, StoreError>;
+    /// Revoke by id or name; returns how many keys were revoked.
+    async fn revoke_api_key(&self, id_or_name: &str, now: Millis) -> Result<u64, StoreError>;
+
+    // Templates
+    async fn upsert_template(&self, template: &TemplateRecord) -> Result<(), StoreError>;
+    /// By id or alias.
+    async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError>;
+    async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
+    async fn record_template_spawn(&self, id: &str, now: Millis) -> Result<(), StoreError>;
+
+    // Sandboxes
+    /// Insert a new sandbox and its first event (`None → record.state`).
+    async fn insert_sandbox(&self, sandbox: &SandboxRecord) -> Result<(), StoreError>;
+    async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError>;
+    async fn list_sandboxes(
+        &self,
+        filter: &SandboxFilter,
+    ) -> Result<Vec<SandboxRecord>, StoreError>;
+    /// Move a sandbox `from → to` (compare-and-set on `from`), apply `update` and store the event, in one
+    /// transaction. The caller has checked the transition table.
+    async fn transition_sandbox(
+        &self,
+        id: &str,
+        from: SandboxState,
+        to: SandboxState,
+        update: &TransitionUpdate,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+    async fn set_sandbox_end(
+        &self,
+        id: &str,
+        end_at: Millis,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+    /// Running sandboxes whose end time is at or before `now`.
+    async fn expired_sandboxes(&self, now: Millis) -> Result<Vec<SandboxRecord>, StoreError>;
+    async fn sandbox_events(&self, id: &str) -> Result<Vec<SandboxEvent>, StoreError>;
+}

@@ -1,0 +1,709 @@
+//! SQLite implementation of [`Store`]: WAL journal, migrations embedded in the binary. All of the server's
+//! SQL is in this file.
+
+use std::collections::BTreeMap;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteRow, SqliteSynchronous,
+};
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+
+use super::{
+    ApiKeyRecord, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, Store, StoreError,
+    TemplateRecord, TransitionUpdate,
+};
+use crate::lifecycle::state::SandboxState;
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Name of the database file inside the state directory.
+pub const DATABASE_FILE: &str = "warren.db";
+
+pub struct SqliteStore {
+    pool: SqlitePool,
+}
+
+impl SqliteStore {
+    /// Open (creating if needed) `state_dir/warren.db` and bring its schema up to date.
+    pub async fn open_in(state_dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::StateDir {
+            path: state_dir.to_path_buf(),
+            source,
+        })?;
+        Self::open(&state_dir.join(DATABASE_FILE)).await
+    }
+
+    pub async fn open(path: &Path) -> Result<Self, StoreError> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal)
+            .foreign_keys(true)
+            .busy_timeout(Duration::from_secs(10));
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(SqliteStore { pool })
+    }
+}
+
+fn corrupt(
+    what: &'static str,
+    id: &str,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Corrupt {
+        what,
+        id: id.to_string(),
+        source: Box::new(source),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown value {0:?}")]
+struct UnknownValue(String);
+
+fn to_json<T: serde::Serialize>(value: &T) -> String {
+    // Serializing maps of strings and vectors of strings cannot fail.
+    serde_json::to_string(value).unwrap_or_else(|_| "null".to_string())
+}
+
+fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
+    Ok(ApiKeyRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        prefix: row.try_get("prefix")?,
+        secret_hash: row.try_get("secret_hash")?,
+        created_at: row.try_get("created_at")?,
+        last_used_at: row.try_get("last_used_at")?,
+        revoked_at: row.try_get("revoked_at")?,
+    })
+}
+
+fn template_from_row(row: &SqliteRow) -> Result<TemplateRecord, StoreError> {
+    let id: String = row.try_get("id")?;
+    let aliases: String = row.try_get("aliases")?;
+    let layers: String = row.try_get("layers")?;
+    Ok(TemplateRecord {
+        aliases: serde_json::from_str(&aliases).map_err(|e| corrupt("template aliases", &id, e))?,
+        layers: serde_json::from_str::<Vec<PathBuf>>(&layers)
+            .map_err(|e| corrupt("template layers", &id, e))?,
+        build_id: row.try_get("build_id")?,
+        status: row.try_get("status")?,
+        vcpus: row.try_get("vcpus")?,
+        memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
+        disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
+        envd_version: row.try_get("envd_version")?,
+        public: row.try_get("public")?,
+        spawn_count: row.try_get::<i64, _>("spawn_count")? as u64,
+        last_spawned_at: row.try_get("last_spawned_at")?,
+        created_at: row.try_get("created_at")?,
+        updated_at: row.try_get("updated_at")?,
+        id,
+    })
+}
+
+fn parse_state(id: &str, value: &str) -> Result<SandboxState, StoreError> {
+    SandboxState::from_str(value)
+        .map_err(|_| corrupt("sandbox state", id, UnknownValue(value.to_string())))
+}
+
+fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
+    let id: String = row.try_get("id")?;
+    let state: String = row.try_get("state")?;
+    let metadata: String = row.try_get("metadata")?;
+    let env_vars: String = row.try_get("env_vars")?;
+    let ip: Option<String> = row.try_get("ip")?;
+    let pause_kind: Option<String> = row.try_get("pause_kind")?;
+    let snapshot_dir: Option<String> = row.try_get("snapshot_dir")?;
+    let ip = match ip {
+        Some(ip) => Some(Ipv4Addr::from_str(&ip).map_err(|e| corrupt("sandbox ip", &id, e))?),
+        None => None,
+    };
+    let pause_kind = match pause_kind {
+        Some(kind) => Some(
+            PauseKind::parse(&kind)
+                .ok_or_else(|| corrupt("sandbox pause kind", &id, UnknownValue(kind.clone())))?,
+        ),
+        None => None,
+    };
+    Ok(SandboxRecord {
+        state: parse_state(&id, &state)?,
+        template_id: row.try_get("template_id")?,
+        alias: row.try_get("alias")?,
+        client_id: row.try_get("client_id")?,
+        state_reason: row.try_get("state_reason")?,
+        metadata: serde_json::from_str::<BTreeMap<String, String>>(&metadata)
+            .map_err(|e| corrupt("sandbox metadata", &id, e))?,
+        env_vars: serde_json::from_str::<BTreeMap<String, String>>(&env_vars)
+            .map_err(|e| corrupt("sandbox env vars", &id, e))?,
+        vcpus: row.try_get("vcpus")?,
+        memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
+        disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
+        auto_pause: row.try_get("auto_pause")?,
+        auto_resume: row.try_get("auto_resume")?,
+        allow_internet: row.try_get("allow_internet")?,
+        envd_access_token: row.try_get("envd_access_token")?,
+        ip,
+        init_pid: row
+            .try_get::<Option<i64>, _>("init_pid")?
+            .map(|pid| pid as u32),
+        pause_kind,
+        snapshot_dir: snapshot_dir.map(PathBuf::from),
+        started_at: row.try_get("started_at")?,
+        end_at: row.try_get("end_at")?,
+        updated_at: row.try_get("updated_at")?,
+        id,
+    })
+}
+
+fn event_from_row(row: &SqliteRow) -> Result<SandboxEvent, StoreError> {
+    let sandbox_id: String = row.try_get("sandbox_id")?;
+    let from_state: Option<String> = row.try_get("from_state")?;
+    let to_state: String = row.try_get("to_state")?;
+    Ok(SandboxEvent {
+        seq: row.try_get("seq")?,
+        from_state: match from_state {
+            Some(state) => Some(parse_state(&sandbox_id, &state)?),
+            None => None,
+        },
+        to_state: parse_state(&sandbox_id, &to_state)?,
+        reason: row.try_get("reason")?,
+        at: row.try_get("at")?,
+        sandbox_id,
+    })
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO api_keys (id, name, prefix, secret_hash, created_at, last_used_at, revoked_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&key.id)
+        .bind(&key.name)
+        .bind(&key.prefix)
+        .bind(&key.secret_hash)
+        .bind(key.created_at)
+        .bind(key.last_used_at)
+        .bind(key.revoked_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM api_keys ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(api_key_from_row).collect()
+    }
+
+    async fn use_api_key(
+        &self,
+        secret_hash: &str,
+        now: Millis,
+    ) -> Result<Option<ApiKeyRecord>, StoreError> {
+        let row = sqlx::query(
+            "UPDATE api_keys SET last_used_at = ? WHERE secret_hash = ? AND revoked_at IS NULL RETURNING *",
+        )
+        .bind(now)
+        .bind(secret_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(api_key_from_row).transpose()
+    }
+
+    async fn revoke_api_key(&self, id_or_name: &str, now: Millis) -> Result<u64, StoreError> {
+        let done = sqlx::query(
+            "UPDATE api_keys SET revoked_at = ? WHERE (id = ? OR name = ?) AND revoked_at IS NULL",
+        )
+        .bind(now)
+        .bind(id_or_name)
+        .bind(id_or_name)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn upsert_template(&self, t: &TemplateRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO templates (id, aliases, layers, build_id, status, vcpus, memory_mib, disk_mib, \
+             envd_version, public, spawn_count, last_spawned_at, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             ON CONFLICT (id) DO UPDATE SET aliases = excluded.aliases, layers = excluded.layers, \
+             build_id = excluded.build_id, status = excluded.status, vcpus = excluded.vcpus, \
+             memory_mib = excluded.memory_mib, disk_mib = excluded.disk_mib, \
+             envd_version = excluded.envd_version, public = excluded.public, updated_at = excluded.updated_at",
+        )
+        .bind(&t.id)
+        .bind(to_json(&t.aliases))
+        .bind(to_json(&t.layers))
+        .bind(&t.build_id)
+        .bind(&t.status)
+        .bind(t.vcpus)
+        .bind(t.memory_mib as i64)
+        .bind(t.disk_mib as i64)
+        .bind(&t.envd_version)
+        .bind(t.public)
+        .bind(t.spawn_count as i64)
+        .bind(t.last_spawned_at)
+        .bind(t.created_at)
+        .bind(t.updated_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT * FROM templates WHERE id = ? \
+             OR EXISTS (SELECT 1 FROM json_each(templates.aliases) WHERE json_each.value = ?) \
+             ORDER BY id = ? DESC LIMIT 1",
+        )
+        .bind(id_or_alias)
+        .bind(id_or_alias)
+        .bind(id_or_alias)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(template_from_row).transpose()
+    }
+
+    async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM templates ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(template_from_row).collect()
+    }
+
+    async fn record_template_spawn(&self, id: &str, now: Millis) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE templates SET spawn_count = spawn_count + 1, last_spawned_at = ? WHERE id = ?",
+        )
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
+             vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
+             init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&s.id)
+        .bind(&s.template_id)
+        .bind(&s.alias)
+        .bind(&s.client_id)
+        .bind(s.state.as_str())
+        .bind(&s.state_reason)
+        .bind(to_json(&s.metadata))
+        .bind(to_json(&s.env_vars))
+        .bind(s.vcpus)
+        .bind(s.memory_mib as i64)
+        .bind(s.disk_mib as i64)
+        .bind(s.auto_pause)
+        .bind(s.auto_resume)
+        .bind(s.allow_internet)
+        .bind(&s.envd_access_token)
+        .bind(s.ip.map(|ip| ip.to_string()))
+        .bind(s.init_pid.map(i64::from))
+        .bind(s.pause_kind.map(PauseKind::as_str))
+        .bind(s.snapshot_dir.as_ref().map(|dir| dir.to_string_lossy().into_owned()))
+        .bind(s.started_at)
+        .bind(s.end_at)
+        .bind(s.updated_at)
+        .execute(&mut *tx)
+        .await?;
+        insert_event(
+            &mut tx,
+            &s.id,
+            None,
+            s.state,
+            s.state_reason.as_deref(),
+            s.updated_at,
+        )
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError> {
+        let row = sqlx::query("SELECT * FROM sandboxes WHERE id = ?")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(sandbox_from_row).transpose()
+    }
+
+    async fn list_sandboxes(
+        &self,
+        filter: &SandboxFilter,
+    ) -> Result<Vec<SandboxRecord>, StoreError> {
+        let mut query: QueryBuilder<Sqlite> =
+            QueryBuilder::new("SELECT * FROM sandboxes WHERE 1 = 1");
+        if !filter.states.is_empty() {
+            query.push(" AND state IN (");
+            let mut states = query.separated(", ");
+            for state in &filter.states {
+                states.push_bind(state.as_str());
+            }
+            query.push(")");
+        }
+        for (key, value) in &filter.metadata {
+            query
+                .push(" AND json_extract(metadata, ")
+                .push_bind(format!("$.\"{}\"", key.replace('"', "\\\"")))
+                .push(") = ")
+                .push_bind(value.clone());
+        }
+        if let Some(template) = &filter.template {
+            query
+                .push(" AND (template_id = ")
+                .push_bind(template.clone())
+                .push(" OR alias = ")
+                .push_bind(template.clone())
+                .push(")");
+        }
+        if let Some(after) = filter.started_after {
+            query.push(" AND started_at >= ").push_bind(after);
+        }
+        let (cmp, order) = if filter.descending {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
+        };
+        if let Some((started_at, id)) = &filter.after {
+            query
+                .push(format!(" AND (started_at, id) {cmp} ("))
+                .push_bind(*started_at)
+                .push(", ")
+                .push_bind(id.clone())
+                .push(")");
+        }
+        query.push(format!(" ORDER BY started_at {order}, id {order}"));
+        if let Some(limit) = filter.limit {
+            query.push(" LIMIT ").push_bind(i64::from(limit));
+        }
+        let rows = query.build().fetch_all(&self.pool).await?;
+        rows.iter().map(sandbox_from_row).collect()
+    }
+
+    async fn transition_sandbox(
+        &self,
+        id: &str,
+        from: SandboxState,
+        to: SandboxState,
+        update: &TransitionUpdate,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("UPDATE sandboxes SET state = ");
+        query.push_bind(to.as_str());
+        query
+            .push(", state_reason = ")
+            .push_bind(update.reason.clone());
+        query.push(", updated_at = ").push_bind(now);
+        if let Some(ip) = &update.ip {
+            query.push(", ip = ").push_bind(ip.map(|ip| ip.to_string()));
+        }
+        if let Some(pid) = &update.init_pid {
+            query.push(", init_pid = ").push_bind(pid.map(i64::from));
+        }
+        if let Some(kind) = &update.pause_kind {
+            query
+                .push(", pause_kind = ")
+                .push_bind(kind.map(PauseKind::as_str));
+        }
+        if let Some(dir) = &update.snapshot_dir {
+            query
+                .push(", snapshot_dir = ")
+                .push_bind(dir.as_ref().map(|dir| dir.to_string_lossy().into_owned()));
+        }
+        if let Some(end_at) = update.end_at {
+            query.push(", end_at = ").push_bind(end_at);
+        }
+        query.push(" WHERE id = ").push_bind(id);
+        query.push(" AND state = ").push_bind(from.as_str());
+        let done = query.build().execute(&mut *tx).await?;
+        if done.rows_affected() == 0 {
+            let row = sqlx::query("SELECT state FROM sandboxes WHERE id = ?")
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?;
+            return match row {
+                None => Err(StoreError::NotFound {
+                    what: "sandbox",
+                    id: id.to_string(),
+                }),
+                Some(row) => {
+                    let actual: String = row.try_get("state")?;
+                    Err(StoreError::StateConflict {
+                        id: id.to_string(),
+                        expected: from,
+                        actual: parse_state(id, &actual)?,
+                    })
+                }
+            };
+        }
+        insert_event(&mut tx, id, Some(from), to, update.reason.as_deref(), now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn set_sandbox_end(
+        &self,
+        id: &str,
+        end_at: Millis,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let done = sqlx::query("UPDATE sandboxes SET end_at = ?, updated_at = ? WHERE id = ?")
+            .bind(end_at)
+            .bind(now)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        if done.rows_affected() == 0 {
+            return Err(StoreError::NotFound {
+                what: "sandbox",
+                id: id.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn expired_sandboxes(&self, now: Millis) -> Result<Vec<SandboxRecord>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT * FROM sandboxes WHERE state = ? AND end_at <= ? ORDER BY end_at, id",
+        )
+        .bind(SandboxState::Running.as_str())
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(sandbox_from_row).collect()
+    }
+
+    async fn sandbox_events(&self, id: &str) -> Result<Vec<SandboxEvent>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM sandbox_events WHERE sandbox_id = ? ORDER BY seq")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(event_from_row).collect()
+    }
+}
+
+async fn insert_event(
+    tx: &mut sqlx::Transaction<'_, Sqlite>,
+    id: &str,
+    from: Option<SandboxState>,
+    to: SandboxState,
+    reason: Option<&str>,
+    at: Millis,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO sandbox_events (sandbox_id, from_state, to_state, reason, at) VALUES (?, ?, ?, ?, ?)")
+        .bind(id)
+        .bind(from.map(SandboxState::as_str))
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(at)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
+        SandboxRecord {
+            id: id.to_string(),
+            template_id: "base".to_string(),
+            alias: None,
+            client_id: "warren".to_string(),
+            state: SandboxState::Creating,
+            state_reason: None,
+            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            env_vars: BTreeMap::new(),
+            vcpus: 1.0,
+            memory_mib: 256,
+            disk_mib: 512,
+            auto_pause: false,
+            auto_resume: false,
+            allow_internet: None,
+            envd_access_token: None,
+            ip: None,
+            init_pid: None,
+            pause_kind: None,
+            snapshot_dir: None,
+            started_at,
+            end_at: started_at + 1000,
+            updated_at: started_at,
+        }
+    }
+
+    async fn store() -> (SqliteStore, tempfile::TempDir) {
+        let dir = tempfile::Builder::new()
+            .prefix("wt-store-")
+            .tempdir()
+            .unwrap();
+        (SqliteStore::open_in(dir.path()).await.unwrap(), dir)
+    }
+
+    #[tokio::test]
+    async fn transitions_are_compare_and_set_and_leave_events() {
+        let (store, _dir) = store().await;
+        store.insert_sandbox(&sandbox("a", 1)).await.unwrap();
+        let update = TransitionUpdate {
+            ip: Some(Some(Ipv4Addr::new(10, 77, 0, 2))),
+            ..TransitionUpdate::default()
+        };
+        store
+            .transition_sandbox(
+                "a",
+                SandboxState::Creating,
+                SandboxState::Running,
+                &update,
+                5,
+            )
+            .await
+            .unwrap();
+        let stale = store
+            .transition_sandbox(
+                "a",
+                SandboxState::Creating,
+                SandboxState::Failed,
+                &TransitionUpdate::default(),
+                6,
+            )
+            .await;
+        assert!(matches!(
+            stale,
+            Err(StoreError::StateConflict {
+                actual: SandboxState::Running,
+                ..
+            })
+        ));
+        let missing = store
+            .transition_sandbox(
+                "b",
+                SandboxState::Creating,
+                SandboxState::Running,
+                &TransitionUpdate::default(),
+                6,
+            )
+            .await;
+        assert!(matches!(missing, Err(StoreError::NotFound { .. })));
+        let row = store.get_sandbox("a").await.unwrap().unwrap();
+        assert_eq!(row.state, SandboxState::Running);
+        assert_eq!(row.ip, Some(Ipv4Addr::new(10, 77, 0, 2)));
+        let events = store.sandbox_events("a").await.unwrap();
+        assert_eq!(events.len(), 2);
+        assert_eq!(events[0].from_state, None);
+        assert_eq!(events[1].from_state, Some(SandboxState::Creating));
+        assert_eq!(events[1].to_state, SandboxState::Running);
+    }
+
+    #[tokio::test]
+    async fn lists_filter_by_metadata_and_page() {
+        let (store, _dir) = store().await;
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            store
+                .insert_sandbox(&sandbox(id, i as Millis))
+                .await
+                .unwrap();
+        }
+        let filter = SandboxFilter {
+            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            limit: Some(2),
+            ..SandboxFilter::default()
+        };
+        let first: Vec<String> = store
+            .list_sandboxes(&filter)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(first, ["a", "b"]);
+        let next = SandboxFilter {
+            after: Some((1, "b".to_string())),
+            ..filter.clone()
+        };
+        let rest: Vec<String> = store
+            .list_sandboxes(&next)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|s| s.id)
+            .collect();
+        assert_eq!(rest, ["c"]);
+        let none = SandboxFilter {
+            metadata: BTreeMap::from([("k".to_string(), "other".to_string())]),
+            ..SandboxFilter::default()
+        };
+        assert!(store.list_sandboxes(&none).await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn keys_are_found_by_hash_until_revoked() {
+        let (store, _dir) = store().await;
+        let key = ApiKeyRecord {
+            id: "key_1".to_string(),
+            name: "ci".to_string(),
+            prefix: "e2b_abc".to_string(),
+            secret_hash: "hash".to_string(),
+            created_at: 1,
+            last_used_at: None,
+            revoked_at: None,
+        };
+        store.insert_api_key(&key).await.unwrap();
+        let used = store.use_api_key("hash", 7).await.unwrap().unwrap();
+        assert_eq!(used.last_used_at, Some(7));
+        assert_eq!(store.revoke_api_key("ci", 8).await.unwrap(), 1);
+        assert_eq!(store.use_api_key("hash", 9).await.unwrap(), None);
+        assert_eq!(store.revoke_api_key("ci", 10).await.unwrap(), 0);
+        assert_eq!(store.list_api_keys().await.unwrap()[0].revoked_at, Some(8));
+    }
+
+    #[tokio::test]
+    async fn templates_are_found_by_alias() {
+        let (store, _dir) = store().await;
+        let template = TemplateRecord {
+            id: "tpl1".to_string(),
+            aliases: vec!["python".to_string()],
+            layers: vec![PathBuf::from("/layers/a"), PathBuf::from("/rootfs")],
+            build_id: "b".to_string(),
+            status: "ready".to_string(),
+            vcpus: 1.0,
+            memory_mib: 1,
+            disk_mib: 1,
+            envd_version: "0".to_string(),
+            public: false,
+            spawn_count: 0,
+            last_spawned_at: None,
+            created_at: 1,
+            updated_at: 1,
+        };
+        store.upsert_template(&template).await.unwrap();
+        assert_eq!(
+            store.get_template("python").await.unwrap(),
+            Some(template.clone())
+        );
+        assert_eq!(store.get_template("tpl1").await.unwrap(), Some(template));
+        assert_eq!(store.get_template("nope").await.unwrap(), None);
+    }
+}

@@ -1,0 +1,238 @@
+//! The sandbox proxy against a real server on a fake runtime whose "agents" echo requests.
+
+mod support;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{Method, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::json;
+use support::Harness;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn sandbox(h: &Harness, body: serde_json::Value) -> (String, String) {
+    let created = h.create(body).await;
+    (
+        created["sandboxID"].as_str().unwrap().to_string(),
+        created["envdAccessToken"].as_str().unwrap().to_string(),
+    )
+}
+
+#[tokio::test]
+async fn headers_and_host_names_route_to_the_sandbox_and_keep_the_token() {
+    let h = Harness::start(false, |_| {}).await;
+    let (id, token) = sandbox(&h, json!({"templateID": "base"})).await;
+    let answer = h
+        .proxy(
+            "/files?path=/tmp/x",
+            &[
+                ("E2b-Sandbox-Id", &id),
+                ("E2b-Sandbox-Port", "49983"),
+                ("X-Access-Token", &token),
+            ],
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let echo = answer.json();
+    assert_eq!(echo["sandbox"], json!(id));
+    assert_eq!(echo["path"], "/files");
+    assert_eq!(
+        echo["headers"]["x-access-token"],
+        json!(token),
+        "token passes through"
+    );
+
+    let host = format!("49983-{id}.localhost");
+    let by_host = h.proxy("/health", &[("Host", &host)]).await;
+    assert_eq!(by_host.status, StatusCode::OK);
+    assert_eq!(by_host.json()["sandbox"], json!(id));
+
+    // POST bodies arrive whole.
+    let url = format!("{}/echo", h.server.sandbox_url);
+    let posted = support::send(
+        Method::POST,
+        &url,
+        &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+        Some(json!({"hello": "world"})),
+    )
+    .await;
+    assert_eq!(posted.json()["body"], r#"{"hello":"world"}"#);
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn errors_are_clear() {
+    let h = Harness::start(false, |_| {}).await;
+    let unknown = h
+        .proxy(
+            "/",
+            &[
+                ("E2b-Sandbox-Id", "nosuchsandbox"),
+                ("E2b-Sandbox-Port", "49983"),
+            ],
+        )
+        .await;
+    assert_eq!(unknown.status, StatusCode::BAD_GATEWAY);
+    assert!(unknown.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("was not found"));
+    let untargeted = h.proxy("/", &[]).await;
+    assert_eq!(untargeted.status, StatusCode::BAD_REQUEST);
+
+    let (id, _) = sandbox(&h, json!({"templateID": "base"})).await;
+    let closed = h
+        .proxy("/", &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "1")])
+        .await;
+    assert_eq!(closed.status, StatusCode::BAD_GATEWAY);
+    assert!(closed.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("port is not open"));
+
+    // Paused without auto-resume: a clear 502, and it stays paused.
+    h.api(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+        .await;
+    let paused = h
+        .proxy(
+            "/",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+        )
+        .await;
+    assert_eq!(paused.status, StatusCode::BAD_GATEWAY);
+    assert!(paused.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("paused"));
+    assert_eq!(
+        h.api(Method::GET, &format!("/sandboxes/{id}"), None)
+            .await
+            .json()["state"],
+        "paused"
+    );
+
+    // Killed: gone.
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    let killed = h
+        .proxy(
+            "/",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+        )
+        .await;
+    assert!(killed.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("was not found"));
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn traffic_resumes_a_paused_sandbox_that_allows_it() {
+    let h = Harness::start(true, |_| {}).await;
+    let (id, _) = sandbox(&h, json!({"templateID": "base", "autoPause": true})).await;
+    assert_eq!(
+        h.api(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+            .await
+            .status,
+        StatusCode::NO_CONTENT
+    );
+    assert!(h.runtime.live_ids().is_empty());
+    let answer = h
+        .proxy(
+            "/health",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(
+        h.api(Method::GET, &format!("/sandboxes/{id}"), None)
+            .await
+            .json()["state"],
+        "running"
+    );
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn streams_http2_and_upgrades_pass_through() {
+    let h = Harness::start(false, |_| {}).await;
+    let (id, _) = sandbox(&h, json!({"templateID": "base"})).await;
+
+    let streamed = h
+        .proxy(
+            "/stream",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+        )
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&streamed.body),
+        "chunk0\nchunk1\nchunk2\nchunk3\nchunk4\n"
+    );
+
+    // HTTP/2 with prior knowledge (h2c), as gRPC-style clients speak it.
+    let h2: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new())
+        .http2_only(true)
+        .build_http();
+    let request = hyper::Request::get(format!("{}/h2", h.server.sandbox_url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("E2b-Sandbox-Port", "49983")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let response = h2.request(request).await.unwrap();
+    assert_eq!(response.version(), hyper::Version::HTTP_2);
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    let echo: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(echo["path"], "/h2");
+
+    // An HTTP/1.1 upgrade (what websockets use), then raw bytes both ways.
+    let mut stream = tokio::net::TcpStream::connect(h.server.server.proxy_addr)
+        .await
+        .unwrap();
+    let handshake = format!(
+        "GET /upgrade HTTP/1.1\r\nHost: 49983-{id}.localhost\r\nConnection: upgrade\r\nUpgrade: wt-echo\r\n\r\n"
+    );
+    stream.write_all(handshake.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut byte))
+            .await
+            .unwrap()
+            .unwrap();
+        head.push(byte[0]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+    stream
+        .write_all(b"ping over upgraded stream")
+        .await
+        .unwrap();
+    let mut echoed = vec![0u8; 25];
+    tokio::time::timeout(Duration::from_secs(10), stream.read_exact(&mut echoed))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(&echoed, b"ping over upgraded stream");
+
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    h.server.stop().await.unwrap();
+}

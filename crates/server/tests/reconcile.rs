@@ -1,0 +1,85 @@
+//! Start-up reconciliation: a restarted server adopts live sandboxes, marks vanished ones lost and
+//! destroys ones it never knew.
+
+mod support;
+
+use std::path::PathBuf;
+
+use hyper::{Method, StatusCode};
+use serde_json::json;
+use support::{FakeRuntime, Harness};
+use warren_runtime::Runtime;
+use warren_server::lifecycle::state::SandboxState;
+use warren_server::Server;
+
+#[tokio::test]
+async fn restart_adopts_loses_and_destroys() {
+    let runtime = FakeRuntime::new(false);
+    let h = Harness::start_on(runtime.clone(), |_| {}).await;
+    let adopted = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let frozen = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let vanished = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    h.api(Method::POST, &format!("/sandboxes/{frozen}/pause"), None)
+        .await;
+
+    // Stop the server (its state dir stays), change the host behind its back, start a new one on the
+    // same state dir.
+    let state_dir = h.server.state_dir().to_path_buf();
+    let warren_testkit::TestServer {
+        server: old,
+        state_dir: keep,
+        ..
+    } = h.server;
+    old.shutdown().await.unwrap();
+    runtime.destroy(&vanished).unwrap();
+    runtime.start_untracked("wtuntracked");
+
+    let mut config =
+        warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    config.domain = "example.test".to_string();
+    let server = Server::start(config, runtime.clone()).await.unwrap();
+    let mut adopted_ids = server.reconcile.adopted.clone();
+    adopted_ids.sort();
+    let mut expected = vec![adopted.clone(), frozen.clone()];
+    expected.sort();
+    assert_eq!(adopted_ids, expected);
+    assert_eq!(server.reconcile.lost, vec![vanished.clone()]);
+    assert_eq!(server.reconcile.destroyed, vec!["wtuntracked".to_string()]);
+    assert!(!runtime.live_ids().contains(&"wtuntracked".to_string()));
+
+    let store = server.lifecycle.store().clone();
+    let lost = store.get_sandbox(&vanished).await.unwrap().unwrap();
+    assert_eq!(lost.state, SandboxState::Failed);
+    assert!(lost.state_reason.unwrap().starts_with("lost"));
+    let events = store.sandbox_events(&vanished).await.unwrap();
+    assert_eq!(events.last().unwrap().to_state, SandboxState::Failed);
+
+    // The adopted sandbox is reachable through the proxy right away.
+    let answer = support::send(
+        Method::GET,
+        &format!("http://{}/health", server.proxy_addr),
+        &[("E2b-Sandbox-Id", &adopted), ("E2b-Sandbox-Port", "49983")],
+        None,
+    )
+    .await;
+    assert_eq!(answer.status, StatusCode::OK);
+    // And the frozen one resumes.
+    let (record, _) = server.lifecycle.resume(&frozen, None).await.unwrap();
+    assert_eq!(record.state, SandboxState::Running);
+
+    for id in [&adopted, &frozen] {
+        server.lifecycle.kill(id, "test over").await.unwrap();
+    }
+    assert!(runtime.live_ids().is_empty());
+    server.shutdown().await.unwrap();
+    drop(keep);
+}

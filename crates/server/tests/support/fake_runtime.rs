@@ -1,0 +1,373 @@
+//! A fake `Runtime` for tests only: each "sandbox" is an HTTP server on its own loopback address
+//! (127.77.x.y) at the agent's port. It records `/init` bodies, echoes requests, streams, and echoes
+//! upgraded connections, so the API, lifecycle and proxy run against something that answers.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use warren_runtime::{
+    Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState, Sandbox,
+    SandboxSpec, Stats, AGENT_PORT,
+};
+
+static NEXT_IP: AtomicU32 = AtomicU32::new(1);
+
+fn next_ip() -> Ipv4Addr {
+    let n = NEXT_IP.fetch_add(1, Ordering::SeqCst) + (std::process::id() % 50) * 1000;
+    Ipv4Addr::new(127, 77, (n / 250 % 250) as u8, (n % 250 + 1) as u8)
+}
+
+struct FakeSandbox {
+    sandbox: Sandbox,
+    server: tokio::task::JoinHandle<()>,
+}
+
+#[derive(Default)]
+pub struct Recorded {
+    pub inits: Vec<(String, serde_json::Value, Option<String>)>,
+    pub destroyed: Vec<String>,
+    pub created: Vec<SandboxSpec>,
+}
+
+pub struct FakeRuntime {
+    handle: tokio::runtime::Handle,
+    checkpoint: bool,
+    sandboxes: Mutex<HashMap<String, FakeSandbox>>,
+    pub recorded: Arc<Mutex<Recorded>>,
+    /// Make `create` fail, as a broken host would.
+    pub fail_create: AtomicBool,
+}
+
+impl FakeRuntime {
+    pub fn new(checkpoint: bool) -> Arc<Self> {
+        Arc::new(FakeRuntime {
+            handle: tokio::runtime::Handle::current(),
+            checkpoint,
+            sandboxes: Mutex::new(HashMap::new()),
+            recorded: Arc::new(Mutex::new(Recorded::default())),
+            fail_create: AtomicBool::new(false),
+        })
+    }
+
+    pub fn live_ids(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.sandboxes.lock().unwrap().keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    pub fn inits_of(&self, id: &str) -> Vec<(serde_json::Value, Option<String>)> {
+        self.recorded
+            .lock()
+            .unwrap()
+            .inits
+            .iter()
+            .filter(|(sid, _, _)| sid == id)
+            .map(|(_, body, token)| (body.clone(), token.clone()))
+            .collect()
+    }
+
+    /// Start a sandbox the server does not know about (for reconciliation tests).
+    pub fn start_untracked(&self, id: &str) {
+        let spec = SandboxSpec {
+            id: id.to_string(),
+            layers: vec![],
+            resources: warren_runtime::Resources {
+                vcpus: 1.0,
+                memory_mib: 128,
+                disk_mib: 128,
+                max_pids: 64,
+            },
+            network: Default::default(),
+        };
+        self.create(&spec).unwrap();
+    }
+
+    fn start(&self, id: &str) -> Result<Sandbox, RuntimeError> {
+        let ip = next_ip();
+        let listener =
+            std::net::TcpListener::bind(SocketAddr::from((ip, AGENT_PORT))).map_err(|source| {
+                RuntimeError::Io {
+                    context: format!("bind fake agent on {ip}"),
+                    source,
+                }
+            })?;
+        listener.set_nonblocking(true).unwrap();
+        let recorded = Arc::clone(&self.recorded);
+        let sandbox_id = id.to_string();
+        let _entered = self.handle.enter();
+        let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+        let server = self.handle.spawn(async move {
+            loop {
+                let Ok((stream, _)) = listener.accept().await else {
+                    return;
+                };
+                let recorded = Arc::clone(&recorded);
+                let sandbox_id = sandbox_id.clone();
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |request| {
+                        fake_agent(request, Arc::clone(&recorded), sandbox_id.clone())
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        let sandbox = Sandbox {
+            id: id.to_string(),
+            ip,
+            init_pid: 4242,
+            state: RuntimeState::Running,
+            created_at: SystemTime::now(),
+        };
+        self.sandboxes.lock().unwrap().insert(
+            id.to_string(),
+            FakeSandbox {
+                sandbox: sandbox.clone(),
+                server,
+            },
+        );
+        Ok(sandbox)
+    }
+}
+
+type Body = http_body_util::combinators::BoxBody<Bytes, Infallible>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+async fn fake_agent(
+    mut request: Request<Incoming>,
+    recorded: Arc<Mutex<Recorded>>,
+    sandbox_id: String,
+) -> Result<Response<Body>, Infallible> {
+    let path = request.uri().path().to_string();
+    let token = request
+        .headers()
+        .get("x-access-token")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    match path.as_str() {
+        "/init" => {
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let json: serde_json::Value =
+                serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null);
+            recorded
+                .lock()
+                .unwrap()
+                .inits
+                .push((sandbox_id, json, token));
+            Ok(Response::builder()
+                .status(StatusCode::NO_CONTENT)
+                .body(full(""))
+                .unwrap())
+        }
+        "/stream" => {
+            let chunks = (0..5)
+                .map(|i| Ok::<_, Infallible>(Frame::data(Bytes::from(format!("chunk{i}\n")))));
+            let stream = futures_util::stream::iter(chunks);
+            Ok(Response::new(StreamBody::new(stream).boxed()))
+        }
+        "/upgrade" => {
+            let upgrade = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                if let Ok(upgraded) = upgrade.await {
+                    let (mut reader, mut writer) = tokio::io::split(TokioIo::new(upgraded));
+                    let _ = tokio::io::copy(&mut reader, &mut writer).await;
+                }
+            });
+            Ok(Response::builder()
+                .status(StatusCode::SWITCHING_PROTOCOLS)
+                .header("connection", "upgrade")
+                .header("upgrade", "wt-echo")
+                .body(full(""))
+                .unwrap())
+        }
+        _ => {
+            let method = request.method().to_string();
+            let version = format!("{:?}", request.version());
+            let headers: serde_json::Map<String, serde_json::Value> = request
+                .headers()
+                .iter()
+                .map(|(k, v)| {
+                    (
+                        k.to_string(),
+                        serde_json::Value::String(v.to_str().unwrap_or("").to_string()),
+                    )
+                })
+                .collect();
+            let body = request
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let echo = serde_json::json!({
+                "sandbox": sandbox_id,
+                "method": method,
+                "path": path,
+                "version": version,
+                "headers": headers,
+                "body": String::from_utf8_lossy(&body),
+            });
+            Ok(Response::new(full(echo.to_string())))
+        }
+    }
+}
+
+impl Runtime for FakeRuntime {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            cgroup_version: 1,
+            checkpoint: self.checkpoint,
+        }
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        if self.fail_create.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Other(
+                "wt injected failure: secret detail".to_string(),
+            ));
+        }
+        if self.sandboxes.lock().unwrap().contains_key(&spec.id) {
+            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
+        }
+        self.recorded.lock().unwrap().created.push(spec.clone());
+        self.start(&spec.id)
+    }
+
+    fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        let removed = self.sandboxes.lock().unwrap().remove(id);
+        match removed {
+            Some(sandbox) => {
+                sandbox.server.abort();
+                self.recorded.lock().unwrap().destroyed.push(id.to_string());
+                Ok(())
+            }
+            None => Err(RuntimeError::NotFound(id.to_string())),
+        }
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut sandboxes = self.sandboxes.lock().unwrap();
+        let sandbox = sandboxes
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        sandbox.sandbox.state = RuntimeState::Frozen;
+        Ok(())
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        let mut sandboxes = self.sandboxes.lock().unwrap();
+        let sandbox = sandboxes
+            .get_mut(id)
+            .ok_or_else(|| RuntimeError::NotFound(id.to_string()))?;
+        sandbox.sandbox.state = RuntimeState::Running;
+        Ok(())
+    }
+
+    fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        Ok(Stats {
+            cpu_usage_usec: 1000,
+            cpu_percent: 12.5,
+            memory_bytes: 64 << 20,
+            memory_limit_bytes: 512 << 20,
+            disk_used_bytes: 1 << 20,
+            disk_limit_bytes: 2048 << 20,
+            pids: 3,
+        })
+    }
+
+    fn processes(&self, _id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
+        Ok(Vec::new())
+    }
+
+    fn kill_process(&self, _id: &str, _pid: u32, _signal: i32) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        Ok(self
+            .sandboxes
+            .lock()
+            .unwrap()
+            .values()
+            .map(|s| s.sandbox.clone())
+            .collect())
+    }
+
+    fn checkpoint(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        if !self.checkpoint {
+            return Err(RuntimeError::Unsupported("no CRIU in the fake".to_string()));
+        }
+        std::fs::create_dir_all(dest).map_err(|source| RuntimeError::Io {
+            context: "mkdir".into(),
+            source,
+        })?;
+        std::fs::write(dest.join("fake-checkpoint"), id).map_err(|source| RuntimeError::Io {
+            context: "write".into(),
+            source,
+        })?;
+        if !leave_running {
+            let removed = self.sandboxes.lock().unwrap().remove(id);
+            if let Some(sandbox) = removed {
+                sandbox.server.abort();
+            }
+        }
+        Ok(CheckpointInfo {
+            dir: dest.to_path_buf(),
+            size_bytes: 2,
+        })
+    }
+
+    fn commit_layer(&self, _id: &str, _dest: &Path) -> Result<u64, RuntimeError> {
+        Err(RuntimeError::Unsupported("fake".into()))
+    }
+
+    fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        let id = std::fs::read_to_string(checkpoint.join("fake-checkpoint")).map_err(|source| {
+            RuntimeError::Io {
+                context: "read checkpoint".into(),
+                source,
+            }
+        })?;
+        assert_eq!(id, spec.id);
+        self.start(&spec.id)
+    }
+}
+
+/// Wait (bounded) for a condition that becomes true asynchronously.
+#[allow(dead_code)]
+pub async fn eventually(mut condition: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if condition() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    condition()
+}

@@ -1,0 +1,110 @@
+//! Shared helpers of the server's integration tests.
+#![allow(dead_code)]
+
+pub mod fake_runtime;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::{HeaderMap, Method, Request, StatusCode};
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use warren_server::ServerConfig;
+use warren_testkit::TestServer;
+
+pub use fake_runtime::FakeRuntime;
+
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&self.body)))
+    }
+}
+
+pub async fn send(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Option<serde_json::Value>,
+) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let body = match body {
+        Some(json) => {
+            request = request.header("content-type", "application/json");
+            Bytes::from(json.to_string())
+        }
+        None => Bytes::new(),
+    };
+    let response = client
+        .request(request.body(Full::new(body)).unwrap())
+        .await
+        .unwrap();
+    let status = response.status();
+    let headers = response.headers().clone();
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    Answer {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// A test server on the fake runtime.
+pub struct Harness {
+    pub server: TestServer,
+    pub runtime: Arc<FakeRuntime>,
+}
+
+impl Harness {
+    pub async fn start(checkpoint: bool, adjust: impl FnOnce(&mut ServerConfig)) -> Harness {
+        let runtime = FakeRuntime::new(checkpoint);
+        Self::start_on(runtime, adjust).await
+    }
+
+    pub async fn start_on(
+        runtime: Arc<FakeRuntime>,
+        adjust: impl FnOnce(&mut ServerConfig),
+    ) -> Harness {
+        let server = TestServer::start(
+            runtime.clone(),
+            PathBuf::from("/nonexistent/wt-rootfs"),
+            adjust,
+        )
+        .await
+        .unwrap();
+        Harness { server, runtime }
+    }
+
+    pub async fn api(&self, method: Method, path: &str, body: Option<serde_json::Value>) -> Answer {
+        let url = format!("{}{}", self.server.api_url, path);
+        send(method, &url, &[("X-API-Key", &self.server.api_key)], body).await
+    }
+
+    pub async fn create(&self, body: serde_json::Value) -> serde_json::Value {
+        let answer = self.api(Method::POST, "/v2/sandboxes", Some(body)).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::CREATED,
+            "{}",
+            String::from_utf8_lossy(&answer.body)
+        );
+        answer.json()
+    }
+
+    pub async fn proxy(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        let url = format!("{}{}", self.server.sandbox_url, path);
+        send(Method::GET, &url, headers, None).await
+    }
+}
