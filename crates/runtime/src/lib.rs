@@ -21,6 +21,8 @@
 //! /dev nodes, and adds the userns to everything CRIU must dump and restore; the isolation tests hold
 //! without it.
 
+pub mod checkpoint;
+
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::SystemTime;

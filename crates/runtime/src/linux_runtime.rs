@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
+use crate::checkpoint::{self, CheckpointError, Checkpointer, DumpTarget, FreezerCgroup, Manifest};
 use crate::config::{self, ConfigError, LinuxRuntimeConfig};
 use crate::network::addresses::AddressPool;
 use crate::network::netlink::{self, Netlink};
@@ -14,7 +15,7 @@ use crate::network::{self, firewall, NetworkPlan};
 use crate::process_table::{self, CPU_SAMPLE_WINDOW};
 use crate::rootfs::{commit, sandbox_mounts, LayerDisk};
 use crate::sandbox_state::{now_unix_ms, SandboxRecord};
-use crate::supervisor::{self, SupervisorConfig};
+use crate::supervisor::{self, RestorePlan, SupervisorConfig};
 use crate::{
     namespaces, Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState,
     Sandbox, SandboxSpec, Stats, AGENT_PORT,
@@ -34,6 +35,8 @@ pub struct LinuxRuntime {
     supervisor_binary: PathBuf,
     cgroups: Cgroups,
     addresses: AddressPool,
+    /// CRIU, if it works on this host (probed once at start).
+    checkpointer: Checkpointer,
     /// Last CPU sample per sandbox (cgroup usage) and per process, for CPU % between calls.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
     process_samples: Mutex<HashMap<String, ProcessSample>>,
@@ -72,12 +75,22 @@ impl LinuxRuntime {
             &subnet_cidr(config.gateway, config.subnet_prefix),
         )
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
-        let addresses = AddressPool::new(&config.state_dir, config.gateway, config.subnet_prefix);
+        let addresses = AddressPool::new(
+            &config.state_dir,
+            &config.bridge,
+            config.gateway,
+            config.subnet_prefix,
+        );
+        let checkpointer = Checkpointer::probe();
+        if let Some(why) = checkpointer.unavailable_reason() {
+            tracing::info!(reason = %why, "checkpoints disabled (pause falls back to freeze)");
+        }
         Ok(Self {
             config,
             supervisor_binary,
             cgroups,
             addresses,
+            checkpointer,
             cpu_samples: Mutex::new(HashMap::new()),
             process_samples: Mutex::new(HashMap::new()),
         })
@@ -148,15 +161,65 @@ impl LinuxRuntime {
         result
     }
 
-    fn create_inner(&self, spec: &SandboxSpec, dir: &Path) -> Result<Sandbox, RuntimeError> {
-        let ip = self.allocate_ip(&spec.id)?;
+    /// The address of a sandbox being restored: its old one when it resumes under its own ID and the
+    /// address is still free, a new one otherwise (fork, template start).
+    fn restore_ip(
+        &self,
+        spec: &SandboxSpec,
+        manifest: &Manifest,
+    ) -> Result<Ipv4Addr, RuntimeError> {
+        if manifest.sandbox_id == spec.id
+            && !network::host_link_exists(&network::veth_name("wv", manifest.ip))
+            && self
+                .addresses
+                .lease_exact(manifest.ip, &spec.id)
+                .map_err(other)?
+        {
+            return Ok(manifest.ip);
+        }
+        self.allocate_ip(&spec.id)
+    }
+
+    /// Builds sandbox `spec.id` in `dir`: a fresh one, or (with `restore`) one whose layer and
+    /// processes come from a checkpoint.
+    fn create_inner(
+        &self,
+        spec: &SandboxSpec,
+        dir: &Path,
+        restore: Option<(&Path, &Manifest)>,
+    ) -> Result<Sandbox, RuntimeError> {
+        let ip = match restore {
+            Some((_, manifest)) => self.restore_ip(spec, manifest)?,
+            None => self.allocate_ip(&spec.id)?,
+        };
         let cgroup = self
             .cgroups
             .create(&spec.id, &spec.resources)
             .map_err(other)?;
         let disk = LayerDisk::at(dir);
         disk.create(spec.resources.disk_mib).map_err(other)?;
-        disk.seed(&spec.id, ip).map_err(other)?;
+        let mut restore_plan = None;
+        match restore {
+            Some((checkpoint, manifest)) => {
+                checkpoint::prepare_layer(checkpoint, &disk.upper()).map_err(checkpoint_error)?;
+                if manifest.sandbox_id != spec.id || manifest.ip != ip {
+                    // A copy under a new name or address: its /etc/hostname and /etc/hosts follow.
+                    disk.seed(&spec.id, ip).map_err(other)?;
+                }
+                let criu = self.checkpointer.criu_found().ok_or_else(|| {
+                    RuntimeError::Unsupported(
+                        "restore needs CRIU, which does not work on this host".into(),
+                    )
+                })?;
+                restore_plan = Some(RestorePlan {
+                    checkpoint: checkpoint.to_path_buf(),
+                    work_dir: dir.join("restore"),
+                    criu_binary: criu.binary().to_path_buf(),
+                    criu_version: criu.version().to_string(),
+                });
+            }
+            None => disk.seed(&spec.id, ip).map_err(other)?,
+        }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
         firewall::apply_egress(ip, &spec.network).map_err(other)?;
@@ -178,6 +241,7 @@ impl LinuxRuntime {
                 ip,
             },
             no_new_privs: self.config.no_new_privs,
+            restore: restore_plan,
         };
         let config_path = supervisor_config.write().map_err(other)?;
         let launched = supervisor::launch(
@@ -199,6 +263,9 @@ impl LinuxRuntime {
             allow_internet: spec.network.allow_internet,
         };
         record.write(dir).map_err(other)?;
+        if restore.is_some() {
+            forget_neighbour(&self.config.bridge, ip);
+        }
         self.wait_for_agent(&record, &disk)?;
         Ok(self.sandbox_of(&record))
     }
@@ -282,17 +349,17 @@ impl LinuxRuntime {
         Ok(())
     }
 
-    /// Sandbox IDs present in the state dir or as cgroups.
+    /// Sandbox IDs present in this runtime's state dir. Cgroups alone do not count: other runtimes
+    /// (other state dirs) share the `warren` cgroup parent, and their sandboxes are not ours to judge.
     fn known_ids(&self) -> Vec<String> {
-        let mut ids = self.cgroups.list_ids();
         let sandboxes = self.config.state_dir.join("sandboxes");
-        for entry in std::fs::read_dir(sandboxes).into_iter().flatten().flatten() {
-            if let Ok(name) = entry.file_name().into_string() {
-                ids.push(name);
-            }
-        }
+        let mut ids: Vec<String> = std::fs::read_dir(sandboxes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
         ids.sort();
-        ids.dedup();
         ids
     }
 
@@ -395,6 +462,16 @@ fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
     Ok(())
 }
 
+/// Drops the host's ARP entry for `ip`: a sandbox resumed at its old address has a new veth (a new
+/// MAC), and a stale entry black-holes the first packets until the kernel re-probes (about 5 s).
+fn forget_neighbour(bridge: &str, ip: Ipv4Addr) {
+    let _ = std::process::Command::new("ip")
+        .args(["neigh", "del", &ip.to_string(), "dev", bridge])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// Deletes a host link through netlink, on a thread of its own (the caller may be inside a tokio runtime).
 fn delete_host_link(name: &str) -> Result<(), RuntimeError> {
     if !network::host_link_exists(name) {
@@ -435,7 +512,7 @@ impl Runtime for LinuxRuntime {
                 CgroupVersion::V1 => 1,
                 CgroupVersion::V2 => 2,
             },
-            checkpoint: false,
+            checkpoint: self.checkpointer.available(),
         }
     }
 
@@ -452,7 +529,7 @@ impl Runtime for LinuxRuntime {
             }
             Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
         }
-        match self.create_inner(spec, &dir) {
+        match self.create_inner(spec, &dir, None) {
             Ok(sandbox) => Ok(sandbox),
             Err(error) => {
                 if let Err(cleanup) = self.teardown(&spec.id) {
@@ -553,7 +630,7 @@ impl Runtime for LinuxRuntime {
                         .metadata()
                         .and_then(|m| m.modified())
                         .is_ok_and(|t| t.elapsed().unwrap_or_default() < CREATE_GRACE) => {}
-                // Dead init, a leftover cgroup, a corrupt record: nothing runs there; reclaim what is left.
+                // Dead init or a corrupt record: nothing of ours runs there; reclaim what is left.
                 _ => {
                     if let Err(error) = self.teardown(&id) {
                         tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
@@ -567,13 +644,56 @@ impl Runtime for LinuxRuntime {
     fn checkpoint(
         &self,
         id: &str,
-        _dest: &Path,
-        _leave_running: bool,
+        dest: &Path,
+        leave_running: bool,
     ) -> Result<CheckpointInfo, RuntimeError> {
-        self.live_record(id)?;
-        Err(RuntimeError::Unsupported(
-            "checkpoint needs CRIU, which this runtime does not use yet (pause = freeze)".into(),
-        ))
+        let record = self.live_record(id)?;
+        if !self.checkpointer.available() {
+            return Err(checkpoint_error(CheckpointError::CriuUnavailable(
+                self.checkpointer
+                    .unavailable_reason()
+                    .unwrap_or("no criu")
+                    .to_string(),
+            )));
+        }
+        let dir = self.sandbox_dir(id);
+        if dest.starts_with(&dir) {
+            return Err(RuntimeError::Other(format!(
+                "checkpoint destination {} lies inside the sandbox's own directory",
+                dest.display()
+            )));
+        }
+        let freezer =
+            FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
+        let upper = LayerDisk::at(&dir).upper();
+        let target = DumpTarget {
+            sandbox_id: id,
+            ip: record.ip,
+            init_pid: record.init_pid,
+            freezer,
+            upper: &upper,
+            layers: &record.layers,
+        };
+        let dumped = self
+            .checkpointer
+            .dump(&target, dest, leave_running)
+            .map_err(checkpoint_error)?;
+        tracing::info!(
+            sandbox = %id,
+            bytes = dumped.info.size_bytes,
+            frozen_ms = dumped.timings.frozen.as_millis() as u64,
+            total_ms = dumped.timings.total.as_millis() as u64,
+            leave_running,
+            "checkpoint written"
+        );
+        if !leave_running {
+            // The checkpoint is complete and durable; the frozen tree goes now. A failing teardown
+            // leaves remains that `list` reclaims, not a lost snapshot.
+            if let Err(error) = self.teardown(id) {
+                tracing::warn!(sandbox = %id, %error, "teardown after pause");
+            }
+        }
+        Ok(dumped.info)
     }
 
     fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
@@ -592,11 +712,57 @@ impl Runtime for LinuxRuntime {
         result
     }
 
-    fn restore(&self, _checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+    fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
         validate_spec(spec)?;
-        Err(RuntimeError::Unsupported(
-            "restore needs CRIU, which this runtime does not use yet".into(),
-        ))
+        if !self.checkpointer.available() {
+            return Err(checkpoint_error(CheckpointError::CriuUnavailable(
+                self.checkpointer
+                    .unavailable_reason()
+                    .unwrap_or("no criu")
+                    .to_string(),
+            )));
+        }
+        let manifest = Manifest::read(checkpoint).map_err(checkpoint_error)?;
+        if manifest.layers != spec.layers {
+            return Err(RuntimeError::Other(format!(
+                "checkpoint {} was taken over layers {:?}; the spec names {:?}",
+                checkpoint.display(),
+                manifest.layers,
+                spec.layers
+            )));
+        }
+        let dir = self.sandbox_dir(&spec.id);
+        if self.cgroup(&spec.id).exists() {
+            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
+        }
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::AlreadyExists(spec.id.clone()))
+            }
+            Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
+        }
+        // The checkpoint is only read: whatever fails here, it stays as it was.
+        match self.create_inner(spec, &dir, Some((checkpoint, &manifest))) {
+            Ok(sandbox) => Ok(sandbox),
+            Err(error) => {
+                if let Err(cleanup) = self.teardown(&spec.id) {
+                    tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed restore");
+                }
+                Err(error)
+            }
+        }
+    }
+}
+
+/// The runtime's view of a checkpoint failure.
+fn checkpoint_error(error: CheckpointError) -> RuntimeError {
+    match error {
+        CheckpointError::CriuUnavailable(why) => {
+            RuntimeError::Unsupported(format!("checkpoints: {why}"))
+        }
+        CheckpointError::Io { context, source } => RuntimeError::Io { context, source },
+        other_error => RuntimeError::Other(crate::supervisor_error_chain(&other_error)),
     }
 }
 

@@ -42,7 +42,7 @@ pub enum ServeError {
     #[error("reconciliation failed")]
     Reconcile(#[source] lifecycle::LifecycleError),
     #[error("cannot start the sandbox runtime")]
-    Runtime(#[source] warren_runtime::RuntimeError),
+    Runtime(#[source] warren_runtime::ConfigError),
     #[error("cannot create state directory {path}")]
     StateDir {
         path: std::path::PathBuf,

@@ -2,15 +2,19 @@
 
 use std::sync::Arc;
 
-use warren_runtime::{Runtime, RuntimeError};
+use warren_runtime::{ConfigError, LinuxRuntime, LinuxRuntimeConfig, Runtime};
 
 use crate::config::ServerConfig;
 
-/// The Linux runtime (namespaces, cgroups, overlayfs, CRIU). Until the runtime crate ships its
-/// implementation this build cannot start sandboxes and says so.
-pub fn linux_runtime(_config: &ServerConfig) -> Result<Arc<dyn Runtime>, RuntimeError> {
-    Err(RuntimeError::Unsupported(
-        "this build has no Linux runtime yet (warren-runtime's LinuxRuntime is not merged)"
-            .to_string(),
-    ))
+/// The Linux runtime (namespaces, cgroups, overlayfs, CRIU) on the server's state dir, with the
+/// configured agent binary. Fails with the reason when the host cannot run sandboxes.
+pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigError> {
+    let mut runtime_config = LinuxRuntimeConfig {
+        state_dir: config.state_dir.clone(),
+        ..LinuxRuntimeConfig::default()
+    };
+    if let Some(agent) = &config.agent_binary {
+        runtime_config.agent_binary = agent.clone();
+    }
+    Ok(Arc::new(LinuxRuntime::new(runtime_config)?))
 }

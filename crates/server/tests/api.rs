@@ -571,3 +571,82 @@ async fn runtime_failures_are_a_plain_500_with_an_id() {
     .await;
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn concurrent_creates_never_exceed_the_quota() {
+    let h = std::sync::Arc::new(Harness::start(false, |c| c.limits.max_sandboxes = 3).await);
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let h = h.clone();
+        tasks.push(tokio::spawn(async move {
+            h.api(
+                Method::POST,
+                "/v2/sandboxes",
+                Some(json!({"templateID": "base"})),
+            )
+            .await
+            .status
+        }));
+    }
+    let mut statuses = Vec::new();
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::CREATED)
+            .count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses
+            .iter()
+            .filter(|s| **s == StatusCode::TOO_MANY_REQUESTS)
+            .count(),
+        5,
+        "{statuses:?}"
+    );
+    assert_eq!(h.runtime.live_ids().len(), 3);
+    for id in h.runtime.live_ids() {
+        h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await;
+    }
+    let h = std::sync::Arc::into_inner(h).unwrap();
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_running_scheduler_kills_an_expired_sandbox() {
+    let h = Harness::start(false, |c| c.scheduler_interval = Duration::from_millis(50)).await;
+    let created = h.create(json!({"templateID": "base", "timeout": 1})).await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let mut status = StatusCode::OK;
+    for _ in 0..200 {
+        status = h
+            .api(Method::GET, &format!("/sandboxes/{id}"), None)
+            .await
+            .status;
+        if status == StatusCode::NOT_FOUND {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "the scheduler never expired the sandbox"
+    );
+    assert!(h.runtime.live_ids().is_empty());
+    let events = h
+        .server
+        .server
+        .lifecycle
+        .store()
+        .sandbox_events(&id)
+        .await
+        .unwrap();
+    assert_eq!(events.last().unwrap().reason.as_deref(), Some("timeout"));
+    h.server.stop().await.unwrap();
+}

@@ -71,6 +71,7 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
     let key = [("X-API-Key", h.api_key.as_str())];
     let api = |path: &str| format!("{}{}", h.api_url, path);
 
+    let started = std::time::Instant::now();
     let created = send(
         Method::POST,
         &api("/v2/sandboxes"),
@@ -83,6 +84,10 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
         StatusCode::CREATED,
         "{}",
         String::from_utf8_lossy(&created.body)
+    );
+    println!(
+        "create (API, real runtime + agent /init): {:?}",
+        started.elapsed()
     );
     let created = created.json();
     let id = created["sandboxID"].as_str().unwrap().to_string();
@@ -108,6 +113,7 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
     let no_token = send(Method::GET, &through_proxy("/envs"), &route[..2], None).await;
     assert_eq!(no_token.status, StatusCode::UNAUTHORIZED);
 
+    let paused_at = std::time::Instant::now();
     let pause = send(
         Method::POST,
         &api(&format!("/sandboxes/{id}/pause")),
@@ -121,8 +127,30 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
         "{}",
         String::from_utf8_lossy(&pause.body)
     );
+    let record = h.server.lifecycle.get(&id).await.unwrap();
+    println!(
+        "pause: {:?} ({:?}; runtime checkpoint capability {})",
+        paused_at.elapsed(),
+        record.pause_kind,
+        h.server.lifecycle.capabilities().checkpoint
+    );
+    if record.pause_kind == Some(warren_server::store::PauseKind::Checkpoint) {
+        assert!(
+            record.snapshot_dir.as_ref().is_some_and(|dir| dir.is_dir()),
+            "checkpoint on disk"
+        );
+        assert!(
+            runtime
+                .list()
+                .unwrap()
+                .iter()
+                .all(|sandbox| sandbox.id != id),
+            "nothing runs while checkpointed"
+        );
+    }
     let paused = send(Method::GET, &through_proxy("/health"), &route, None).await;
     assert_eq!(paused.status, StatusCode::BAD_GATEWAY);
+    let resumed_at = std::time::Instant::now();
     let connect = send(
         Method::POST,
         &api(&format!("/v2/sandboxes/{id}/connect")),
@@ -130,6 +158,7 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
         Some(json!({"timeout": 60})),
     )
     .await;
+    println!("connect (resume): {:?}", resumed_at.elapsed());
     assert_eq!(
         connect.status,
         StatusCode::CREATED,

@@ -236,3 +236,37 @@ async fn streams_http2_and_upgrades_pass_through() {
         .await;
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn concurrent_traffic_resumes_a_paused_sandbox_once() {
+    let h = std::sync::Arc::new(Harness::start(true, |_| {}).await);
+    let (id, _) = sandbox(&h, json!({"templateID": "base", "autoPause": true})).await;
+    h.api(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+        .await;
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (h, id) = (h.clone(), id.clone());
+        tasks.push(tokio::spawn(async move {
+            h.proxy(
+                "/health",
+                &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "49983")],
+            )
+            .await
+            .status
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), StatusCode::OK);
+    }
+    let events = h.server.server.lifecycle.events(&id).await.unwrap();
+    let resumes = events
+        .iter()
+        .filter(|e| e.to_state == warren_server::lifecycle::state::SandboxState::Resuming)
+        .count();
+    assert_eq!(resumes, 1);
+    assert_eq!(h.runtime.inits_of(&id).len(), 2, "one start, one restore");
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    let h = std::sync::Arc::into_inner(h).unwrap();
+    h.server.stop().await.unwrap();
+}

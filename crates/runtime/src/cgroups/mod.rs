@@ -150,6 +150,12 @@ impl SandboxCgroup {
         }
     }
 
+    /// The directory of the freezer (v1 `freezer/warren/<id>`, v2 the cgroup itself), as CRIU's
+    /// `--freeze-cgroup` wants it.
+    pub fn freezer_dir(&self) -> PathBuf {
+        self.controller("freezer")
+    }
+
     /// Host PIDs of the processes in the cgroup.
     pub fn pids(&self) -> Result<Vec<u32>, CgroupError> {
         let path = self.primary().join("cgroup.procs");

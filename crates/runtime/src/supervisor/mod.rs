@@ -60,6 +60,20 @@ pub struct SupervisorConfig {
     pub netns_pin: PathBuf,
     pub network: NetworkPlan,
     pub no_new_privs: bool,
+    /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
+    #[serde(default)]
+    pub restore: Option<RestorePlan>,
+}
+
+/// How the supervisor restores a checkpoint (whose writable layer the runtime already unpacked).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RestorePlan {
+    pub checkpoint: PathBuf,
+    /// Scratch dir for the decompressed images and CRIU's log.
+    pub work_dir: PathBuf,
+    /// The CRIU binary and version the runtime probed.
+    pub criu_binary: PathBuf,
+    pub criu_version: String,
 }
 
 impl SupervisorConfig {

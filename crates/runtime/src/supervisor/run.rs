@@ -8,7 +8,8 @@ use nix::sched::CloneFlags;
 use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 
-use super::{init, SupervisorConfig};
+use super::{init, RestorePlan, SupervisorConfig};
+use crate::checkpoint::{self, Checkpointer, Criu, Manifest, RestoreTarget};
 use crate::namespaces;
 use crate::network::netlink::{self, Netlink};
 
@@ -67,6 +68,9 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 /// Wires the network and starts the init; returns the init's host PID.
 fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
     setup_network(config).map_err(|e| format!("network: {e}"))?;
+    if let Some(plan) = &config.restore {
+        return restore_sandbox(config, plan);
+    }
     namespaces::unshare_pid().map_err(|e| error_chain(&e))?;
     let (error_read, error_write) =
         nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("error pipe: {e}"))?;
@@ -94,6 +98,48 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
         }
         Err(e) => Err(format!("fork init: {e}")),
     }
+}
+
+/// Restores the checkpoint of `plan` as this sandbox's process tree; returns the restored init's host
+/// PID. CRIU forks the tree and exits; as a child subreaper the supervisor inherits the init and waits
+/// for it exactly as for one it forked.
+fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32, String> {
+    // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes how this process's orphans are reparented.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(format!(
+            "become subreaper: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    let manifest = Manifest::read(&plan.checkpoint).map_err(|e| error_chain(&e))?;
+    std::fs::create_dir_all(&plan.work_dir)
+        .map_err(|e| format!("restore work dir {}: {e}", plan.work_dir.display()))?;
+    let checkpointer = Checkpointer::with_criu(Criu::probed(
+        plan.criu_binary.clone(),
+        plan.criu_version.clone(),
+    ));
+    let target = RestoreTarget {
+        ip: config.network.ip,
+        rootfs: &config.rootfs,
+        overlay_options: &config.overlay_options,
+        agent_binary: &config.agent_binary,
+        netns_pin: &config.netns_pin,
+        cgroup_procs: &config.cgroup_procs,
+        work_dir: &plan.work_dir,
+    };
+    let restored = checkpointer
+        .restore_processes(&plan.checkpoint, &manifest, &target)
+        .map_err(|e| error_chain(&e))?;
+    if manifest.sandbox_id != config.id {
+        checkpoint::set_hostname(restored.init_pid, &config.id).map_err(|e| error_chain(&e))?;
+    }
+    eprintln!(
+        "restored {} in {:?} (criu {:?})",
+        plan.checkpoint.display(),
+        restored.total,
+        restored.criu
+    );
+    Ok(restored.init_pid)
 }
 
 fn setup_network(config: &SupervisorConfig) -> Result<(), String> {

@@ -454,6 +454,22 @@ impl Lifecycle {
         }
     }
 
+    /// Take the sandbox's lock and read it; `NotFound` (and no lock left behind) unless it is live.
+    async fn lock_live(
+        &self,
+        id: &str,
+    ) -> Result<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord), LifecycleError> {
+        let held = self.lock_for(id).lock_owned().await;
+        match self.live_record(id).await {
+            Ok(record) => Ok((held, record)),
+            Err(error) => {
+                drop(held);
+                self.forget_lock(id);
+                Err(error)
+            }
+        }
+    }
+
     /// A live (non-terminal) sandbox, or `NotFound`.
     async fn live_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         match self.store.get_sandbox(id).await? {
@@ -485,9 +501,7 @@ impl Lifecycle {
 
     /// Destroy a sandbox (running or paused).
     pub async fn kill(&self, id: &str, reason: &str) -> Result<(), LifecycleError> {
-        let lock = self.lock_for(id);
-        let _held = lock.lock().await;
-        let mut record = self.live_record(id).await?;
+        let (_held, mut record) = self.lock_live(id).await?;
         self.kill_locked(&mut record, reason).await
     }
 
@@ -541,9 +555,7 @@ impl Lifecycle {
         timeout: i64,
     ) -> Result<SandboxRecord, LifecycleError> {
         let timeout = self.timeout_millis(Some(timeout))?;
-        let lock = self.lock_for(id);
-        let _held = lock.lock().await;
-        let mut record = self.live_record(id).await?;
+        let (_held, mut record) = self.lock_live(id).await?;
         let now = now_millis();
         record.end_at = now + timeout;
         self.store.set_sandbox_end(id, record.end_at, now).await?;
@@ -552,9 +564,7 @@ impl Lifecycle {
 
     /// Pause: checkpoint to disk where the runtime can, else freeze in memory.
     pub async fn pause(&self, id: &str, reason: &str) -> Result<PauseKind, LifecycleError> {
-        let lock = self.lock_for(id);
-        let _held = lock.lock().await;
-        let mut record = self.live_record(id).await?;
+        let (_held, mut record) = self.lock_live(id).await?;
         self.pause_locked(&mut record, reason).await
     }
 
@@ -667,9 +677,7 @@ impl Lifecycle {
         timeout: Option<i64>,
     ) -> Result<(SandboxRecord, ResumeOutcome), LifecycleError> {
         let timeout = self.timeout_millis(timeout)?;
-        let lock = self.lock_for(id);
-        let _held = lock.lock().await;
-        let mut record = self.live_record(id).await?;
+        let (_held, mut record) = self.lock_live(id).await?;
         let now = now_millis();
         match record.state {
             SandboxState::Paused => {}

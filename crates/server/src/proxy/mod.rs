@@ -176,7 +176,10 @@ impl Proxy {
             .authority()
             .map(|authority| authority.as_str().to_string());
         let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-        parts.uri = match format!("http://{addr}{path}").parse() {
+        // The sandbox ID rides in the authority's user part: the client's connection pool is keyed by the
+        // whole authority, so a later sandbox that gets the same address never inherits a stale pooled
+        // connection. It connects to the host part only and never sends the user part.
+        parts.uri = match format!("http://{}@{addr}{path}", target.sandbox_id).parse() {
             Ok(uri) => uri,
             Err(error) => {
                 return error_response(

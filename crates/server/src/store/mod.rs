@@ -176,7 +176,7 @@ pub trait Store: Send + Sync {
     // API keys
     async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError>;
     async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError>;
-    /// Live (not revoked) key with this secret hash; records the use.
+    /// Live (not revoked) key with this secret hash; records the use (at most once a minute).
     async fn use_api_key(
         &self,
         secret_hash: &str,

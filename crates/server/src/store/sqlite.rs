@@ -24,6 +24,9 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// Name of the database file inside the state directory.
 pub const DATABASE_FILE: &str = "warren.db";
 
+/// How stale `api_keys.last_used_at` may get.
+const LAST_USED_RESOLUTION_MS: Millis = 60_000;
+
 pub struct SqliteStore {
     pool: SqlitePool,
 }
@@ -213,14 +216,28 @@ impl Store for SqliteStore {
         secret_hash: &str,
         now: Millis,
     ) -> Result<Option<ApiKeyRecord>, StoreError> {
-        let row = sqlx::query(
-            "UPDATE api_keys SET last_used_at = ? WHERE secret_hash = ? AND revoked_at IS NULL RETURNING *",
-        )
-        .bind(now)
-        .bind(secret_hash)
-        .fetch_optional(&self.pool)
-        .await?;
-        row.as_ref().map(api_key_from_row).transpose()
+        let row =
+            sqlx::query("SELECT * FROM api_keys WHERE secret_hash = ? AND revoked_at IS NULL")
+                .bind(secret_hash)
+                .fetch_optional(&self.pool)
+                .await?;
+        let Some(mut key) = row.as_ref().map(api_key_from_row).transpose()? else {
+            return Ok(None);
+        };
+        // Record use at most once a minute: every API request authenticates, and a write per request
+        // would serialise them on SQLite's single writer.
+        if key
+            .last_used_at
+            .is_none_or(|last| now - last >= LAST_USED_RESOLUTION_MS)
+        {
+            sqlx::query("UPDATE api_keys SET last_used_at = ? WHERE id = ?")
+                .bind(now)
+                .bind(&key.id)
+                .execute(&self.pool)
+                .await?;
+            key.last_used_at = Some(now);
+        }
+        Ok(Some(key))
     }
 
     async fn revoke_api_key(&self, id_or_name: &str, now: Millis) -> Result<u64, StoreError> {
@@ -365,10 +382,11 @@ impl Store for SqliteStore {
         }
         for (key, value) in &filter.metadata {
             query
-                .push(" AND json_extract(metadata, ")
-                .push_bind(format!("$.\"{}\"", key.replace('"', "\\\"")))
-                .push(") = ")
-                .push_bind(value.clone());
+                .push(" AND EXISTS (SELECT 1 FROM json_each(sandboxes.metadata) WHERE json_each.key = ")
+                .push_bind(key.clone())
+                .push(" AND json_each.value = ")
+                .push_bind(value.clone())
+                .push(")");
         }
         if let Some(template) = &filter.template {
             query
@@ -536,7 +554,10 @@ mod tests {
             client_id: "warren".to_string(),
             state: SandboxState::Creating,
             state_reason: None,
-            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            metadata: BTreeMap::from([
+                ("k".to_string(), "v w".to_string()),
+                ("odd.\"key'".to_string(), "x".to_string()),
+            ]),
             env_vars: BTreeMap::new(),
             vcpus: 1.0,
             memory_mib: 256,
@@ -627,7 +648,10 @@ mod tests {
                 .unwrap();
         }
         let filter = SandboxFilter {
-            metadata: BTreeMap::from([("k".to_string(), "v w".to_string())]),
+            metadata: BTreeMap::from([
+                ("k".to_string(), "v w".to_string()),
+                ("odd.\"key'".to_string(), "x".to_string()),
+            ]),
             limit: Some(2),
             ..SandboxFilter::default()
         };
@@ -673,6 +697,14 @@ mod tests {
         store.insert_api_key(&key).await.unwrap();
         let used = store.use_api_key("hash", 7).await.unwrap().unwrap();
         assert_eq!(used.last_used_at, Some(7));
+        let soon = store.use_api_key("hash", 8).await.unwrap().unwrap();
+        assert_eq!(soon.last_used_at, Some(7), "not rewritten within a minute");
+        let later = store
+            .use_api_key("hash", 7 + LAST_USED_RESOLUTION_MS)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(later.last_used_at, Some(7 + LAST_USED_RESOLUTION_MS));
         assert_eq!(store.revoke_api_key("ci", 8).await.unwrap(), 1);
         assert_eq!(store.use_api_key("hash", 9).await.unwrap(), None);
         assert_eq!(store.revoke_api_key("ci", 10).await.unwrap(), 0);

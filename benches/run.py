@@ -1,0 +1,489 @@
+#!/usr/bin/env python3
+"""Warren's benchmarks: each figure is measured next to a baseline taken in the same run on the same host.
+
+Prints one table (figure, value, baseline, ratio) and writes the same data as JSON next to it, so runs can be
+compared. Every benchmark cleans up after itself. Run through ./warren-bench (see README).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import http.server
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field, asdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BASE_ROOTFS = Path(os.environ.get("WARREN_CACHE", "/var/cache/warren")) / "rootfs/debian12-base"
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    if not s:
+        return float("nan")
+    k = min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))
+    return s[k]
+
+
+@dataclass
+class Row:
+    name: str
+    value: float
+    unit: str
+    baseline: float | None = None
+    baseline_name: str = ""
+    target: str = ""
+    note: str = ""
+
+    @property
+    def ratio(self) -> float | None:
+        if self.baseline in (None, 0) or self.value != self.value:
+            return None
+        return self.value / self.baseline
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+
+    def add(self, row: Row) -> None:
+        self.rows.append(row)
+        r = f"{row.ratio:.2f}x" if row.ratio is not None else "-"
+        print(f"  {row.name}: {row.value:.3f} {row.unit} (baseline {row.baseline} {row.baseline_name}, {r})",
+              flush=True)
+
+    def skip(self, what: str, why: str) -> None:
+        self.skipped.append(f"{what}: {why}")
+        print(f"SKIP: {what}: {why}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- warren up
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Warren:
+    """A real `warren up` on free loopback ports with a temporary state directory."""
+
+    def __init__(self, warren_bin: Path, agent_bin: Path, max_sandboxes: int):
+        self.state = Path(tempfile.mkdtemp(prefix="warren-bench-"))
+        self.api_port, self.proxy_port = free_port(), free_port()
+        self.api_url = f"http://127.0.0.1:{self.api_port}"
+        self.sandbox_url = f"http://127.0.0.1:{self.proxy_port}"
+        self.log = open(self.state / "warren.log", "w")
+        cmd = [str(warren_bin), "up", "--state-dir", str(self.state / "state"),
+               "--listen", f"127.0.0.1:{self.api_port}", "--proxy-listen", f"127.0.0.1:{self.proxy_port}",
+               "--api-url", self.api_url, "--sandbox-url", self.sandbox_url, "--agent", str(agent_bin),
+               "--max-sandboxes", str(max_sandboxes), "--max-total-vcpus", str(max_sandboxes * 2),
+               "--max-total-memory-mib", str(max_sandboxes * 512)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
+        self.api_key = ""
+        deadline = time.monotonic() + 120
+        assert self.proc.stdout is not None
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"warren up exited early; see {self.state / 'warren.log'}")
+            if "E2B_API_KEY=" in line:
+                self.api_key = line.strip().split("E2B_API_KEY=", 1)[1]
+                break
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        self._wait_health(deadline)
+        os.environ.update(E2B_API_URL=self.api_url, E2B_SANDBOX_URL=self.sandbox_url,
+                          E2B_API_KEY=self.api_key)
+
+    def _wait_health(self, deadline: float) -> None:
+        import httpx
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.api_url}/health", timeout=2).status_code < 500:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("warren up did not answer /health")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        self.log.close()
+
+
+def kill_all(sandboxes) -> None:
+    with cf.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda s: _quiet(s.kill), sandboxes))
+
+
+def _quiet(fn):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - clean-up must go on
+        return None
+
+
+# ------------------------------------------------------------------------------------------- baselines
+
+
+class Overlay:
+    """The floor for a sandbox's start: an overlay mount of the base rootfs plus `unshare` into it."""
+
+    def __init__(self, lower: Path):
+        self.dir = Path(tempfile.mkdtemp(prefix="warren-bench-ovl-"))
+        for d in ("upper", "work", "merged"):
+            (self.dir / d).mkdir()
+        self.lower = lower
+
+    def run_once(self, argv: list[str]) -> float:
+        t0 = time.perf_counter()
+        subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                        f"lowerdir={self.lower},upperdir={self.dir / 'upper'},workdir={self.dir / 'work'}",
+                        str(self.dir / "merged")], check=True)
+        subprocess.run(["unshare", "--pid", "--mount", "--net", "--uts", "--ipc", "--fork",
+                        "chroot", str(self.dir / "merged"), *argv], check=True)
+        elapsed = time.perf_counter() - t0
+        subprocess.run(["umount", str(self.dir / "merged")], check=True)
+        return elapsed
+
+    def cleanup(self) -> None:
+        subprocess.run(["umount", "-q", str(self.dir / "merged")], check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class EchoServer:
+    """Loopback HTTP/1.1 server answering every request with a tiny body: the floor for a round trip."""
+
+    def __init__(self):
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def do_POST(self):  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length", 0))
+                body = self.rfile.read(length)
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        self.server.shutdown()
+
+
+def mem_available_kib() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+# ------------------------------------------------------------------------------------------ benchmarks
+
+
+def bench_create(rep: Report, n: int, overlay: Overlay | None) -> float:
+    from e2b import Sandbox
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(template="base", timeout=120)
+        sbx.commands.run("true")
+        samples.append((time.perf_counter() - t0) * 1000)
+        sbx.kill()
+    floor = [overlay.run_once(["/bin/true"]) * 1000 for _ in range(min(n, 50))] if overlay else []
+    p50f = pct(floor, 50) if floor else None
+    rep.add(Row("create -> first command p50 (cold base)", pct(samples, 50), "ms", p50f,
+                "unshare+overlay p50", "<= 30 ms"))
+    rep.add(Row("create -> first command p99 (cold base)", pct(samples, 99), "ms",
+                pct(floor, 99) if floor else None, "unshare+overlay p99"))
+    return pct(samples, 50)
+
+
+def bench_exec(rep: Report, n: int) -> None:
+    import httpx
+    from e2b import Sandbox
+    sbx = Sandbox.create(template="base", timeout=300)
+    try:
+        sbx.commands.run("true")
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            sbx.commands.run("true")
+            samples.append((time.perf_counter() - t0) * 1000)
+    finally:
+        sbx.kill()
+    echo = EchoServer()
+    try:
+        with httpx.Client() as client:
+            client.post(echo.url, content=b"x")
+            base = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                client.post(echo.url, content=b"x")
+                base.append((time.perf_counter() - t0) * 1000)
+    finally:
+        echo.stop()
+    rep.add(Row("commands.run('true') p50 via SDK + proxy", pct(samples, 50), "ms", pct(base, 50),
+                "loopback HTTP echo p50", "<= 3 ms"))
+    rep.add(Row("commands.run('true') p99 via SDK + proxy", pct(samples, 99), "ms", pct(base, 99),
+                "loopback HTTP echo p99"))
+
+
+def bench_files(rep: Report, mib: int) -> None:
+    from e2b import Sandbox
+    data = os.urandom(mib << 20)
+    sbx = Sandbox.create(template="base", timeout=300)
+    try:
+        t0 = time.perf_counter()
+        sbx.files.write("/home/user/blob", data)
+        up = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        back = sbx.files.read("/home/user/blob", format="bytes")
+        down = time.perf_counter() - t0
+        if bytes(back) != data:
+            raise RuntimeError("downloaded file differs from the uploaded one")
+    finally:
+        sbx.kill()
+    tmp = Path(tempfile.mkdtemp(prefix="warren-bench-cp-"))
+    try:
+        (tmp / "a").write_bytes(data)
+        t0 = time.perf_counter()
+        subprocess.run(["cp", str(tmp / "a"), str(tmp / "b")], check=True)
+        cp = time.perf_counter() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    cp_rate = mib * 1.048576 / cp
+    rep.add(Row(f"upload {mib} MiB via SDK", mib * 1.048576 / up, "MB/s", cp_rate, "cp MB/s", ">= 300 MB/s"))
+    rep.add(Row(f"download {mib} MiB via SDK", mib * 1.048576 / down, "MB/s", cp_rate, "cp MB/s",
+                ">= 300 MB/s"))
+
+
+def bench_pause_resume(rep: Report, sizes: list[int]) -> None:
+    from e2b import Sandbox
+    for mib in sizes:
+        sbx = Sandbox.create(template="base", timeout=600)
+        try:
+            sbx.commands.run(
+                f"python3 -c 'import time; b = bytearray({mib} << 20); b[::4096] = b\"x\" * len(b[::4096]);"
+                f" open(\"/tmp/ready\", \"w\").close(); time.sleep(3600)'", background=True)
+            for _ in range(200):
+                if sbx.files.exists("/tmp/ready"):
+                    break
+                time.sleep(0.05)
+            t0 = time.perf_counter()
+            sbx.pause()
+            pause = (time.perf_counter() - t0) * 1000
+            t0 = time.perf_counter()
+            again = Sandbox.connect(sbx.sandbox_id)
+            again.commands.run("true")
+            resume = (time.perf_counter() - t0) * 1000
+        except Exception as err:  # noqa: BLE001 - reported, not hidden
+            rep.skip(f"pause/resume {mib} MiB", f"{type(err).__name__}: {err}")
+            _quiet(sbx.kill)
+            continue
+        _quiet(sbx.kill)
+        tmp = Path(tempfile.mkdtemp(prefix="warren-bench-mem-"))
+        try:
+            t0 = time.perf_counter()
+            with open(tmp / "m", "wb") as f:
+                f.write(os.urandom(mib << 20))
+                f.flush()
+                os.fsync(f.fileno())
+            write_ms = (time.perf_counter() - t0) * 1000
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        rep.add(Row(f"pause {mib} MiB resident", pause, "ms", write_ms, f"write+fsync {mib} MiB"))
+        rep.add(Row(f"resume {mib} MiB resident (to first command)", resume, "ms", write_ms,
+                    f"write+fsync {mib} MiB", "<= 50 ms for 100 MiB" if mib == 100 else ""))
+
+
+def bench_fork(rep: Report, count: int, create_p50: float) -> None:
+    from e2b import Sandbox
+    sbx = Sandbox.create(template="base", timeout=300)
+    forks = []
+    try:
+        t0 = time.perf_counter()
+        forks = sbx.fork(count=count)
+        elapsed = (time.perf_counter() - t0) * 1000
+        failed = [f for f in forks if isinstance(f, Exception)]
+        if failed:
+            raise RuntimeError(f"{len(failed)} of {count} forks failed: {failed[0]}")
+        rep.add(Row(f"fork x{count}", elapsed, "ms", create_p50 * count, f"{count} x create p50"))
+    except Exception as err:  # noqa: BLE001 - reported, not hidden
+        rep.skip(f"fork x{count}", f"{type(err).__name__}: {err}")
+    finally:
+        kill_all([f for f in forks if not isinstance(f, Exception)] + [sbx])
+
+
+def bench_concurrent_density(rep: Report, total: int, threads: int, create_p50: float,
+                             overlay: Overlay | None) -> list:
+    from e2b import Sandbox
+    before = mem_available_kib()
+    errors: list[str] = []
+    samples: list[float] = []
+    lock = threading.Lock()
+
+    def one(_):
+        t0 = time.perf_counter()
+        try:
+            sbx = Sandbox.create(template="base", timeout=600)
+        except Exception as err:  # noqa: BLE001 - counted
+            with lock:
+                errors.append(f"{type(err).__name__}: {err}")
+            return None
+        with lock:
+            samples.append((time.perf_counter() - t0) * 1000)
+        return sbx
+
+    with cf.ThreadPoolExecutor(threads) as pool:
+        made = [s for s in pool.map(one, range(total)) if s is not None]
+    rep.add(Row(f"{total} creates from {threads} threads p99", pct(samples, 99), "ms", create_p50,
+                "sequential create p50", note=f"{len(errors)} errors" + (f" ({errors[0]})" if errors else "")))
+    time.sleep(3)
+    used_kib = before - mem_available_kib()
+    per = used_kib / 1024 / max(1, len(made))
+    floor = None
+    if overlay:
+        procs = []
+        b2 = mem_available_kib()
+        for _ in range(50):
+            procs.append(subprocess.Popen(["unshare", "--pid", "--mount", "--net", "--fork", "sleep", "600"]))
+        time.sleep(2)
+        floor = (b2 - mem_available_kib()) / 1024 / 50
+        for p in procs:
+            p.kill()
+            p.wait()
+    rep.add(Row(f"memory per idle sandbox ({len(made)} running)", per, "MiB", floor,
+                "unshare+sleep per process", "<= 3 MiB"))
+    return made
+
+
+def bench_list(rep: Report, running: list, want: int, n: int) -> None:
+    import httpx
+    from e2b import Sandbox
+    extra = []
+    need = max(0, want - len(running))
+    with cf.ThreadPoolExecutor(8) as pool:
+        extra = [s for s in pool.map(lambda _: _quiet(lambda: Sandbox.create(template="base", timeout=600)),
+                                     range(need)) if s is not None]
+    count = len(running) + len(extra)
+    headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    api = os.environ["E2B_API_URL"]
+    samples, base = [], []
+    with httpx.Client(headers=headers, timeout=60) as client:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            r = client.get(f"{api}/sandboxes")
+            samples.append((time.perf_counter() - t0) * 1000)
+            r.raise_for_status()
+        listed = len(r.json())
+        for _ in range(n):
+            t0 = time.perf_counter()
+            client.get(f"{api}/health")
+            base.append((time.perf_counter() - t0) * 1000)
+    rep.add(Row(f"GET /sandboxes p99 with {listed} sandboxes", pct(samples, 99), "ms", pct(base, 99),
+                "GET /health p99", note=f"{count} running"))
+    kill_all(extra)
+
+
+# ------------------------------------------------------------------------------------------------ main
+
+
+def print_table(rep: Report) -> str:
+    lines = [f"{'figure':58} {'value':>12} {'baseline':>12} {'ratio':>8}  target",
+             "-" * 110]
+    for r in rep.rows:
+        base = f"{r.baseline:.3f}" if r.baseline is not None else "-"
+        ratio = f"{r.ratio:.2f}x" if r.ratio is not None else "-"
+        lines.append(f"{r.name:58} {r.value:>9.3f} {r.unit:<3}{base:>12} {ratio:>8}  {r.target}"
+                     + (f"  [{r.note}]" if r.note else ""))
+        if r.baseline_name:
+            lines.append(f"{'':58} {'':>12} {r.baseline_name[:40]:>12}")
+    for s in rep.skipped:
+        lines.append(f"SKIP: {s}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--warren", type=Path, required=True, help="the warren binary (release build)")
+    ap.add_argument("--agent", type=Path, required=True, help="the static warren-agent binary")
+    ap.add_argument("--out", type=Path, default=REPO / "benches/results", help="where the JSON goes")
+    ap.add_argument("--creates", type=int, default=200)
+    ap.add_argument("--execs", type=int, default=500)
+    ap.add_argument("--concurrent", type=int, default=200)
+    ap.add_argument("--threads", type=int, default=20)
+    ap.add_argument("--list-sandboxes", type=int, default=1000)
+    ap.add_argument("--file-mib", type=int, default=100)
+    ap.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    args = ap.parse_args()
+    if args.quick:
+        args.creates, args.execs, args.concurrent, args.threads, args.list_sandboxes = 10, 50, 20, 5, 40
+        args.file_mib = 16
+    if os.geteuid() != 0:
+        print("SKIP: benchmarks need root (sandboxes use namespaces, cgroups and a bridge)")
+        return 0
+    if not BASE_ROOTFS.is_dir():
+        print(f"SKIP: base rootfs {BASE_ROOTFS} missing (run scripts/setup)")
+        return 0
+    rep = Report()
+    started = time.time()
+    overlay = Overlay(BASE_ROOTFS)
+    warren = Warren(args.warren, args.agent, max(args.concurrent, args.list_sandboxes) + 20)
+    try:
+        print("== create", flush=True)
+        create_p50 = bench_create(rep, args.creates, overlay)
+        print("== exec round trip", flush=True)
+        bench_exec(rep, args.execs)
+        print("== files", flush=True)
+        bench_files(rep, args.file_mib)
+        print("== pause/resume", flush=True)
+        bench_pause_resume(rep, [10, 100, 500] if not args.quick else [10])
+        print("== fork", flush=True)
+        bench_fork(rep, 10 if not args.quick else 2, create_p50)
+        print("== concurrent creates + density", flush=True)
+        running = bench_concurrent_density(rep, args.concurrent, args.threads, create_p50, overlay)
+        print("== list", flush=True)
+        bench_list(rep, running, args.list_sandboxes, 100)
+        kill_all(running)
+    finally:
+        warren.stop()
+        overlay.cleanup()
+        shutil.rmtree(warren.state, ignore_errors=True)
+    table = print_table(rep)
+    print()
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    out = args.out / f"bench-{stamp}.json"
+    out.write_text(json.dumps({"started": started, "seconds": time.time() - started,
+                               "rows": [asdict(r) | {"ratio": r.ratio} for r in rep.rows],
+                               "skipped": rep.skipped}, indent=2))
+    (args.out / f"bench-{stamp}.txt").write_text(table + "\n")
+    print(f"\nwrote {out} ({time.time() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

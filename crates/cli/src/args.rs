@@ -1,0 +1,408 @@
+//! The command line, as clap types. Parsing only: what each command does lives in `commands/`.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use warren_client::types::SandboxState;
+
+/// Default REST API address of a local `warren up`.
+pub const DEFAULT_API_URL: &str = "http://127.0.0.1:3000";
+/// Default sandbox proxy address of a local `warren up`.
+pub const DEFAULT_SANDBOX_URL: &str = "http://127.0.0.1:3001";
+
+const EXIT_CODES_HELP: &str = "\
+Exit codes:
+  0  success
+  1  error (server error, bad response, local failure)
+  2  usage error (bad arguments)
+  3  not found (unknown sandbox, template or key)
+  4  authentication failed (missing, wrong or revoked API key)
+  5  refused: quota reached or conflicting state (HTTP 429 / 409)
+  6  cannot reach the server
+  `warren sandbox exec` exits with the command's own exit code (128+N when signal N killed it).";
+
+/// Warren: self-hosted sandboxes for AI agents, speaking the E2B API.
+#[derive(Debug, Parser)]
+#[command(name = "warren", version, after_help = EXIT_CODES_HELP, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// Base URL of Warren's REST API.
+    #[arg(long, global = true, env = "E2B_API_URL", default_value = DEFAULT_API_URL)]
+    pub api_url: String,
+    /// Base URL of the sandbox proxy (envd and sandbox ports).
+    #[arg(long, global = true, env = "E2B_SANDBOX_URL", default_value = DEFAULT_SANDBOX_URL)]
+    pub sandbox_url: String,
+    /// API key (also read from WARREN_API_KEY).
+    #[arg(long, global = true, env = "E2B_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Start the Warren server (REST API + sandbox proxy) in the foreground.
+    Up(UpArgs),
+    /// Create, inspect and control sandboxes.
+    #[command(subcommand, visible_alias = "sbx")]
+    Sandbox(SandboxCommand),
+    /// List templates.
+    #[command(subcommand)]
+    Template(TemplateCommand),
+    /// Manage API keys (acts on the local store directly; needs access to the state directory).
+    #[command(subcommand)]
+    Key(KeyCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct UpArgs {
+    /// Address of the REST API.
+    #[arg(long, default_value = "127.0.0.1:3000")]
+    pub listen: String,
+    /// Address of the sandbox proxy.
+    #[arg(long, default_value = "127.0.0.1:3001")]
+    pub proxy_listen: String,
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// The static warren-agent binary mounted into every sandbox.
+    #[arg(long, env = "WARREN_AGENT")]
+    pub agent: Option<PathBuf>,
+    /// Root filesystem of the `base` template.
+    #[arg(long, env = "WARREN_BASE_ROOTFS")]
+    pub base_rootfs: Option<PathBuf>,
+    /// Hostname suffix for `Host: <port>-<id>.<domain>` routing in the proxy.
+    #[arg(long, env = "WARREN_DOMAIN")]
+    pub domain: Option<String>,
+    /// Most sandboxes (running or paused in memory) this node admits at once; more get 429.
+    #[arg(long, env = "WARREN_MAX_SANDBOXES")]
+    pub max_sandboxes: Option<u32>,
+    /// Most vCPUs all running sandboxes of this node may hold together; more get 429.
+    #[arg(long, env = "WARREN_MAX_TOTAL_VCPUS")]
+    pub max_total_vcpus: Option<f64>,
+    /// Most memory (MiB) all running sandboxes of this node may hold together; more get 429.
+    #[arg(long, env = "WARREN_MAX_TOTAL_MEMORY_MIB")]
+    pub max_total_memory_mib: Option<u64>,
+}
+
+/// Where Warren keeps its database and sandboxes.
+#[derive(Debug, Args, Clone)]
+pub struct StateArgs {
+    /// State directory (default /var/lib/warren as root, ~/.local/share/warren otherwise).
+    #[arg(long, env = "WARREN_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SandboxCommand {
+    /// Create a sandbox and print its ID.
+    Create(CreateArgs),
+    /// List sandboxes.
+    #[command(visible_alias = "ls")]
+    List(ListArgs),
+    /// Show one sandbox.
+    Get {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Kill sandboxes.
+    #[command(visible_alias = "rm")]
+    Kill {
+        /// Sandbox IDs.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Pause a running sandbox.
+    Pause {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Resume a paused sandbox.
+    Resume {
+        /// Sandbox ID.
+        id: String,
+        /// New timeout in seconds from now.
+        #[arg(long)]
+        timeout: Option<u32>,
+    },
+    /// Set a sandbox's timeout: it ends SECONDS from now.
+    Timeout {
+        /// Sandbox ID.
+        id: String,
+        /// Seconds from now.
+        seconds: u32,
+    },
+    /// Run a command in a sandbox; exits with the command's exit code.
+    Exec(ExecArgs),
+    /// Open an interactive terminal in a sandbox.
+    #[command(visible_alias = "connect")]
+    Shell(ShellArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateArgs {
+    /// Template ID or alias.
+    #[arg(default_value = "base")]
+    pub template: String,
+    /// Seconds until the sandbox is killed (or paused with --auto-pause).
+    #[arg(long)]
+    pub timeout: Option<u32>,
+    /// Metadata KEY=VALUE (repeatable).
+    #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
+    pub metadata: Vec<(String, String)>,
+    /// Environment variable KEY=VALUE for every process (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// Pause instead of kill when the timeout ends.
+    #[arg(long)]
+    pub auto_pause: bool,
+    /// Cut the sandbox off from the internet.
+    #[arg(long)]
+    pub no_internet: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    /// Only sandboxes in this state: running or paused (repeatable).
+    #[arg(long, value_parser = parse_state)]
+    pub state: Vec<SandboxState>,
+    /// Only sandboxes with this metadata KEY=VALUE (repeatable).
+    #[arg(long = "metadata", short = 'm', value_parser = parse_key_value)]
+    pub metadata: Vec<(String, String)>,
+    /// At most this many sandboxes.
+    #[arg(long)]
+    pub limit: Option<u32>,
+}
+
+#[derive(Debug, Args)]
+pub struct ExecArgs {
+    /// Sandbox ID.
+    pub id: String,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// User to run as.
+    #[arg(long, short = 'u', default_value = "user")]
+    pub user: String,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_key_value)]
+    pub env: Vec<(String, String)>,
+    /// Send this program's stdin to the command (until end of input), like `docker exec -i`.
+    #[arg(long, short = 'i')]
+    pub stdin: bool,
+    /// The command; joined with spaces and run by `bash -l -c` like the E2B SDK does.
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct ShellArgs {
+    /// Sandbox ID.
+    pub id: String,
+    /// User to log in as.
+    #[arg(long, short = 'u', default_value = "user")]
+    pub user: String,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Shell to start.
+    #[arg(long, default_value = "/bin/bash")]
+    pub shell: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TemplateCommand {
+    /// List templates.
+    #[command(visible_alias = "ls")]
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Create an API key and print it (it is shown only once).
+    Create {
+        /// A name to recognise the key by.
+        #[arg(long, default_value = "default")]
+        name: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// List API keys (never their secret part).
+    #[command(visible_alias = "ls")]
+    List {
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// Revoke an API key by its ID.
+    Revoke {
+        /// Key ID (or name).
+        id: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+}
+
+fn parse_state(raw: &str) -> Result<SandboxState, String> {
+    SandboxState::parse(raw).ok_or_else(|| format!("expected running or paused, got {raw:?}"))
+}
+
+/// `KEY=VALUE` → (KEY, VALUE). The value may contain `=`; the key may not be empty.
+pub fn parse_key_value(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("expected KEY=VALUE, got {raw:?}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("warren").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn create_takes_template_timeout_metadata_and_env() {
+        let cli = parse(&[
+            "sandbox",
+            "create",
+            "py",
+            "--timeout",
+            "60",
+            "-m",
+            "team=a",
+            "--env",
+            "X=1=2",
+            "--auto-pause",
+        ])
+        .expect("parses");
+        let Command::Sandbox(SandboxCommand::Create(create)) = cli.command else {
+            panic!("wrong command: {:?}", cli.command);
+        };
+        assert_eq!(create.template, "py");
+        assert_eq!(create.timeout, Some(60));
+        assert_eq!(create.metadata, vec![("team".to_string(), "a".to_string())]);
+        assert_eq!(create.env, vec![("X".to_string(), "1=2".to_string())]);
+        assert!(create.auto_pause);
+        assert!(!create.no_internet);
+    }
+
+    #[test]
+    fn create_defaults_to_base_template() {
+        let cli = parse(&["sandbox", "create"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::Create(create)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(create.template, "base");
+        assert_eq!(create.timeout, None);
+    }
+
+    #[test]
+    fn exec_keeps_the_commands_own_flags() {
+        let cli = parse(&[
+            "sandbox", "exec", "sbx1", "--cwd", "/tmp", "ls", "-la", "--color",
+        ])
+        .expect("parses");
+        let Command::Sandbox(SandboxCommand::Exec(exec)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(exec.id, "sbx1");
+        assert_eq!(exec.cwd.as_deref(), Some("/tmp"));
+        assert_eq!(exec.user, "user");
+        assert_eq!(exec.command, vec!["ls", "-la", "--color"]);
+        assert!(!exec.stdin);
+        let cli = parse(&["sandbox", "exec", "-i", "sbx1", "--", "cat", "-i"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::Exec(exec)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert!(exec.stdin);
+        assert_eq!(exec.command, vec!["cat", "-i"]);
+    }
+
+    #[test]
+    fn exec_without_command_is_a_usage_error() {
+        let err = parse(&["sandbox", "exec", "sbx1"]).expect_err("must fail");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn global_flags_work_after_the_subcommand() {
+        let cli = parse(&[
+            "sandbox",
+            "list",
+            "--json",
+            "--api-url",
+            "http://h:1",
+            "--api-key",
+            "k",
+        ])
+        .expect("parses");
+        assert!(cli.global.json);
+        assert_eq!(cli.global.api_url, "http://h:1");
+        assert_eq!(cli.global.api_key.as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn list_rejects_unknown_state() {
+        let cli =
+            parse(&["sandbox", "list", "--state", "running", "--state", "paused"]).expect("parses");
+        let Command::Sandbox(SandboxCommand::List(list)) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(
+            list.state,
+            vec![SandboxState::Running, SandboxState::Paused]
+        );
+        let err = parse(&["sandbox", "list", "--state", "sleeping"]).expect_err("must fail");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn kill_needs_at_least_one_id() {
+        assert!(parse(&["sandbox", "kill"]).is_err());
+        let cli = parse(&["sandbox", "rm", "a", "b"]).expect("alias parses");
+        let Command::Sandbox(SandboxCommand::Kill { ids }) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(ids, vec!["a", "b"]);
+    }
+
+    #[test]
+    fn timeout_needs_a_number() {
+        assert!(parse(&["sandbox", "timeout", "a", "60"]).is_ok());
+        assert!(parse(&["sandbox", "timeout", "a", "soon"]).is_err());
+    }
+
+    #[test]
+    fn key_commands_take_a_state_dir() {
+        let cli =
+            parse(&["key", "create", "--name", "ci", "--state-dir", "/tmp/w"]).expect("parses");
+        let Command::Key(KeyCommand::Create { name, state }) = cli.command else {
+            panic!("wrong command");
+        };
+        assert_eq!(name, "ci");
+        assert_eq!(state.state_dir, Some(PathBuf::from("/tmp/w")));
+    }
+
+    #[test]
+    fn key_value_parsing() {
+        assert_eq!(parse_key_value("a=b"), Ok(("a".into(), "b".into())));
+        assert_eq!(parse_key_value("a="), Ok(("a".into(), "".into())));
+        assert!(parse_key_value("=b").is_err());
+        assert!(parse_key_value("ab").is_err());
+    }
+}

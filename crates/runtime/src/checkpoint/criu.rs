@@ -1,0 +1,407 @@
+//! Driving the `criu` binary through its command line.
+//!
+//! Why the CLI and not RPC (`criu swrk`): every option Warren needs exists on the command line, the
+//! one fd CRIU must inherit (the new network namespace) is passed as an ordinary inherited descriptor,
+//! each run leaves a complete log next to its images, and a failed run is one exit status plus the
+//! `Error` lines of that log. RPC would add protobuf bindings for CRIU's `rpc.proto` and buy only
+//! notifications (action scripts), which Warren does not need: the network is wired before CRIU runs.
+//! docs/checkpoints.md records why each option is there.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::CheckpointError;
+
+/// Where the agent binary is bind-mounted inside every sandbox; declared to CRIU as external.
+pub const AGENT_MOUNT: &str = "/.warren/agent";
+/// Key under which the agent mount is recorded in the images.
+const AGENT_MOUNT_KEY: &str = "agent";
+/// Key under which the (external) network namespace is recorded in the images.
+const NETNS_KEY: &str = "netns";
+/// The fd number the new network namespace has in the `criu restore` process.
+const NETNS_FD: i32 = 3;
+/// Deleted-but-open files up to this size are copied into the images.
+const GHOST_LIMIT: &str = "64M";
+/// Default place of the binary (scripts/setup.d/30-criu.sh); `$WARREN_CRIU` overrides it.
+pub const DEFAULT_CRIU: &str = "/usr/local/sbin/criu";
+
+/// A CRIU binary that answered `criu check` on this host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Criu {
+    binary: PathBuf,
+    version: String,
+}
+
+/// What one `criu dump` needs.
+#[derive(Debug, Clone)]
+pub struct DumpArgs<'a> {
+    pub init_pid: u32,
+    /// Freezer cgroup directory of the sandbox (v1 `freezer/...` or the v2 cgroup itself).
+    pub freezer_cgroup: &'a Path,
+    pub images: &'a Path,
+    pub log: &'a Path,
+}
+
+/// What one `criu restore` needs.
+#[derive(Debug)]
+pub struct RestoreArgs<'a> {
+    pub images: &'a Path,
+    pub log: &'a Path,
+    pub pidfile: &'a Path,
+    /// Empty directory the overlay is mounted on, in CRIU's private mount namespace.
+    pub rootfs: &'a Path,
+    pub overlay_options: &'a str,
+    pub agent_binary: &'a Path,
+    /// The new, wired network namespace (an open fd of its pin file).
+    pub netns: &'a OwnedFd,
+    /// `cgroup.procs` files CRIU joins before it forks the restored tree.
+    pub cgroup_procs: &'a [PathBuf],
+}
+
+impl Criu {
+    /// Finds the binary (`$WARREN_CRIU`, then [`DEFAULT_CRIU`], then `criu` on `$PATH`) and checks that
+    /// it runs on this kernel.
+    pub fn probe() -> Result<Self, CheckpointError> {
+        let mut candidates: Vec<PathBuf> = Vec::new();
+        if let Some(env) = std::env::var_os("WARREN_CRIU") {
+            candidates.push(PathBuf::from(env));
+        }
+        candidates.push(PathBuf::from(DEFAULT_CRIU));
+        if let Some(path) = std::env::var_os("PATH") {
+            candidates.extend(std::env::split_paths(&path).map(|dir| dir.join("criu")));
+        }
+        let binary = candidates
+            .into_iter()
+            .find(|p| p.is_file())
+            .ok_or_else(|| {
+                CheckpointError::CriuUnavailable("no criu binary (run scripts/setup)".into())
+            })?;
+        Self::probe_binary(&binary)
+    }
+
+    /// Checks one binary: `criu --version` must say 4.x or newer and `criu check` must pass.
+    pub fn probe_binary(binary: &Path) -> Result<Self, CheckpointError> {
+        let unavailable =
+            |why: String| CheckpointError::CriuUnavailable(format!("{}: {why}", binary.display()));
+        let output = Command::new(binary)
+            .arg("--version")
+            .output()
+            .map_err(|e| unavailable(e.to_string()))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        let version = parse_version(&text)
+            .ok_or_else(|| unavailable(format!("unexpected --version output {text:?}")))?;
+        let major: u32 = version
+            .split('.')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        if major < 4 {
+            return Err(unavailable(format!(
+                "version {version} is too old for this kernel (need 4.x)"
+            )));
+        }
+        let check = Command::new(binary)
+            .arg("check")
+            .output()
+            .map_err(|e| unavailable(e.to_string()))?;
+        if !check.status.success() {
+            let said = String::from_utf8_lossy(&check.stderr)
+                .lines()
+                .filter(|l| l.contains("Error"))
+                .collect::<Vec<_>>()
+                .join("; ");
+            return Err(unavailable(format!("`criu check` failed: {said}")));
+        }
+        Ok(Self {
+            binary: binary.to_path_buf(),
+            version,
+        })
+    }
+
+    /// A binary the runtime probed earlier (the supervisor restoring a sandbox does not re-run the
+    /// 150 ms `criu check`).
+    pub fn probed(binary: PathBuf, version: String) -> Self {
+        Self { binary, version }
+    }
+
+    pub fn binary(&self) -> &Path {
+        &self.binary
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    /// Dumps the tree of `init_pid`, which must already be frozen; leaves it frozen.
+    pub fn dump(&self, args: &DumpArgs<'_>) -> Result<(), CheckpointError> {
+        let netns_inode = std::fs::metadata(format!("/proc/{}/ns/net", args.init_pid))
+            .map(|m| std::os::unix::fs::MetadataExt::ino(&m))
+            .map_err(|source| CheckpointError::Io {
+                context: format!("netns of pid {}", args.init_pid),
+                source,
+            })?;
+        let mut command = Command::new(&self.binary);
+        command
+            .args(dump_arguments(args, netns_inode))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        run(command, "dump", args.log)
+    }
+
+    /// Restores the images into fresh pid/mount/uts/ipc namespaces, in the given network namespace and
+    /// cgroups; returns the host PID of the restored init, which is reparented to the nearest child
+    /// subreaper of the caller once CRIU exits.
+    pub fn restore(&self, args: &RestoreArgs<'_>) -> Result<u32, CheckpointError> {
+        let mut command = Command::new(&self.binary);
+        command
+            .args(restore_arguments(args))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let netns_fd = args.netns.as_raw_fd();
+        let procs: Vec<std::ffi::CString> = args
+            .cgroup_procs
+            .iter()
+            .map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()))
+            .collect::<Result<_, _>>()
+            .map_err(|_| CheckpointError::Invalid("cgroup path with a NUL byte".into()))?;
+        let rootfs = std::ffi::CString::new(args.rootfs.as_os_str().as_encoded_bytes())
+            .map_err(|_| CheckpointError::Invalid("rootfs path with a NUL byte".into()))?;
+        let options = std::ffi::CString::new(args.overlay_options)
+            .map_err(|_| CheckpointError::Invalid("overlay options with a NUL byte".into()))?;
+        // SAFETY: between fork and exec the closure only calls async-signal-safe functions (dup2, fcntl,
+        // open, write, close, unshare, mount, getpid) on data prepared before the fork; it allocates nothing
+        // (the pid is formatted into a stack buffer).
+        unsafe {
+            command.pre_exec(move || {
+                // dup2 onto itself keeps FD_CLOEXEC: clear it explicitly either way.
+                if libc::dup2(netns_fd, NETNS_FD) < 0
+                    || libc::fcntl(NETNS_FD, libc::F_SETFD, 0) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let mut digits = [0u8; 12];
+                let pid_text = format_pid(libc::getpid(), &mut digits);
+                for file in &procs {
+                    let fd = libc::open(file.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let written = libc::write(fd, pid_text.as_ptr().cast(), pid_text.len());
+                    libc::close(fd);
+                    if written < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let root = c"/";
+                if libc::mount(
+                    std::ptr::null(),
+                    root.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_REC | libc::MS_PRIVATE,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let overlay = c"overlay";
+                if libc::mount(
+                    overlay.as_ptr(),
+                    rootfs.as_ptr(),
+                    overlay.as_ptr(),
+                    0,
+                    options.as_ptr().cast(),
+                ) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        run(command, "restore", args.log)?;
+        let text = std::fs::read_to_string(args.pidfile).map_err(|source| CheckpointError::Io {
+            context: format!("read {}", args.pidfile.display()),
+            source,
+        })?;
+        text.trim().parse().map_err(|_| CheckpointError::Criu {
+            action: "restore",
+            message: format!("pidfile holds {text:?}"),
+        })
+    }
+}
+
+fn parse_version(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|line| line.trim().strip_prefix("Version: "))
+        .map(|v| v.trim().to_string())
+}
+
+fn format_pid(pid: libc::pid_t, buf: &mut [u8; 12]) -> &[u8] {
+    let mut n = pid.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        // n % 10 < 10: the cast cannot truncate.
+        buf[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 || at == 0 {
+            break;
+        }
+    }
+    &buf[at..]
+}
+
+fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
+    let mut out: Vec<OsString> = ["dump", "--tree"].map(OsString::from).to_vec();
+    out.push(args.init_pid.to_string().into());
+    out.push("--images-dir".into());
+    out.push(args.images.into());
+    out.push("--log-file".into());
+    out.push(args.log.into());
+    out.push("-v4".into());
+    out.push("--freeze-cgroup".into());
+    out.push(args.freezer_cgroup.into());
+    for option in [
+        "--leave-running",
+        "--tcp-established",
+        "--skip-in-flight",
+        "--network-lock",
+        "nftables",
+        "--manage-cgroups=ignore",
+        "--ghost-limit",
+        GHOST_LIMIT,
+        "--external",
+    ] {
+        out.push(option.into());
+    }
+    out.push(format!("mnt[{AGENT_MOUNT}]:{AGENT_MOUNT_KEY}").into());
+    out.push("--external".into());
+    out.push(format!("net[{netns_inode}]:{NETNS_KEY}").into());
+    out
+}
+
+fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
+    let mut out: Vec<OsString> = vec!["restore".into(), "--images-dir".into(), args.images.into()];
+    out.push("--log-file".into());
+    out.push(args.log.into());
+    out.push("-v4".into());
+    out.push("--root".into());
+    out.push(args.rootfs.into());
+    out.push("--pidfile".into());
+    out.push(args.pidfile.into());
+    for option in [
+        "--restore-detached",
+        "--tcp-established",
+        "--manage-cgroups=ignore",
+        "--external",
+    ] {
+        out.push(option.into());
+    }
+    let mut agent = OsString::from(format!("mnt[{AGENT_MOUNT_KEY}]:"));
+    agent.push(args.agent_binary);
+    out.push(agent);
+    out.push("--inherit-fd".into());
+    out.push(format!("fd[{NETNS_FD}]:{NETNS_KEY}").into());
+    out
+}
+
+/// Runs CRIU; a failure carries the Error lines of its log (the log itself usually goes away with the
+/// failed attempt's temporary directory or sandbox).
+fn run(mut command: Command, action: &'static str, log: &Path) -> Result<(), CheckpointError> {
+    let status = command.status().map_err(|source| CheckpointError::Io {
+        context: format!("start criu {action}"),
+        source,
+    })?;
+    if status.success() {
+        return Ok(());
+    }
+    Err(CheckpointError::Criu {
+        action,
+        message: format!("{status}: {}", log_errors(log)),
+    })
+}
+
+/// The `Error` lines of a CRIU log, minus the ones every run prints on this host.
+pub fn log_errors(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error"))
+        .filter(|l| !l.contains("RLIMIT_NOFILE"))
+        .map(|l| l.split_once(") ").map_or(l, |(_, rest)| rest).trim())
+        .collect();
+    let tail = lines.len().saturating_sub(6);
+    if lines.is_empty() {
+        "no error in the log".to_string()
+    } else {
+        lines[tail..].join("; ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_is_parsed() {
+        assert_eq!(parse_version("Version: 4.1.1\n").as_deref(), Some("4.1.1"));
+        assert_eq!(
+            parse_version("Version: 4.2\nGitID: v4.2\n").as_deref(),
+            Some("4.2")
+        );
+        assert_eq!(parse_version("criu 3"), None);
+    }
+
+    #[test]
+    fn pids_format_without_allocation() {
+        let mut buf = [0u8; 12];
+        assert_eq!(format_pid(0, &mut buf), b"0");
+        assert_eq!(format_pid(4194304, &mut buf), b"4194304");
+    }
+
+    #[test]
+    fn dump_declares_agent_mount_and_netns_external() {
+        let args = DumpArgs {
+            init_pid: 42,
+            freezer_cgroup: Path::new("/sys/fs/cgroup/freezer/warren/x"),
+            images: Path::new("/i"),
+            log: Path::new("/l"),
+        };
+        let words: Vec<String> = dump_arguments(&args, 4026532178)
+            .into_iter()
+            .map(|w| w.into_string().unwrap())
+            .collect();
+        let joined = words.join(" ");
+        assert!(joined.contains("--tree 42"));
+        assert!(joined.contains("--external mnt[/.warren/agent]:agent"));
+        assert!(joined.contains("--external net[4026532178]:netns"));
+        assert!(joined.contains("--network-lock nftables"));
+        assert!(joined.contains("--leave-running"));
+    }
+
+    #[test]
+    fn log_errors_skip_host_noise() {
+        let dir = std::env::temp_dir().join(format!("wt-criu-log-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("dump.log");
+        std::fs::write(
+            &log,
+            "(00.04) Error (criu/util.c:1533): rlimit: Can't setup RLIMIT_NOFILE for self\n(00.05) Error (criu/sk-inet.c:191): inet: Connected TCP socket\n",
+        )
+        .unwrap();
+        let said = log_errors(&log);
+        assert!(
+            said.starts_with("Error (criu/sk-inet.c:191): inet: Connected TCP socket"),
+            "{said}"
+        );
+        assert!(!said.contains("RLIMIT"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
