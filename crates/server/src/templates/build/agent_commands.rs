@@ -241,7 +241,8 @@ fn error_fields(text: &str) -> Option<(String, String)> {
     ))
 }
 
-/// Reads StartResponse envelopes until the process's end event; returns its exit code.
+/// Reads StartResponse envelopes to the end of the stream; returns the exit code of the process's end
+/// event. Output that arrives after the end event (the agent may flush late) is still delivered.
 fn follow(
     addr: SocketAddr,
     mut reader: Box<dyn Read + Send + Sync>,
@@ -252,12 +253,17 @@ fn follow(
         message: e.to_string(),
     };
     let protocol = |message: String| CommandError::Protocol { addr, message };
+    let mut exit_code: Option<i32> = None;
     loop {
         let mut header = [0u8; 5];
         match reader.read_exact(&mut header) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(CommandError::NoEnd { addr })
+                return exit_code.ok_or(CommandError::NoEnd { addr });
+            }
+            Err(e) if exit_code.is_some() => {
+                tracing::debug!(%addr, error = %e, "stream broke after the end event");
+                return exit_code.ok_or(CommandError::NoEnd { addr });
             }
             Err(e) => return Err(transport(e)),
         }
@@ -274,6 +280,9 @@ fn follow(
                 .ok()
                 .and_then(|v| v.get("error").map(|e| e.to_string()))
                 .and_then(|t| error_fields(&t));
+            if let Some(code) = exit_code {
+                return Ok(code);
+            }
             if let Some((code, message)) = error {
                 return Err(CommandError::Rpc {
                     addr,
@@ -291,7 +300,7 @@ fn follow(
             .map_err(|e| protocol(e.to_string()))?;
         match decode_event(response.event) {
             Event::Output(stream, bytes) => on_output(stream, &bytes),
-            Event::End(code) => return Ok(code),
+            Event::End(code) => exit_code = Some(code),
             Event::Other => {}
         }
     }
@@ -396,6 +405,26 @@ mod tests {
                 (OutputStream::Stderr, b"oops\n".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn output_after_the_end_event_is_kept() {
+        let r = reader(vec![
+            event(end(0, true, "exit status 0")),
+            event(Ev::Data(DataEvent {
+                output: Some(Output::Stdout(b"late\n".to_vec())),
+            })),
+            end_stream("{}"),
+        ]);
+        let mut out = Vec::new();
+        assert_eq!(
+            follow(addr(), r, &mut |_, b| out.extend_from_slice(b)).unwrap(),
+            0
+        );
+        assert_eq!(out, b"late\n");
+        // A stream that just closes after the end event is fine too.
+        let r = reader(vec![event(end(4, true, "exit status 4"))]);
+        assert_eq!(follow(addr(), r, &mut |_, _| {}).unwrap(), 4);
     }
 
     #[test]
