@@ -54,6 +54,12 @@ pub enum LifecycleError {
         #[source]
         source: AgentInitError,
     },
+    #[error("template start of sandbox {id} failed")]
+    TemplateStart {
+        id: String,
+        #[source]
+        source: crate::templates::build::instantiate::InstantiateError,
+    },
     #[error("store failed")]
     Store(#[from] StoreError),
 }
@@ -418,6 +424,18 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
+        if let Err(source) = self.run_template_start(&template, &sandbox).await {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
+            }
+            self.fail(&mut record, format!("template start failed: {source}"))
+                .await;
+            return Err(LifecycleError::TemplateStart {
+                id: record.id.clone(),
+                source,
+            });
+        }
         self.transition(
             &mut record,
             SandboxState::Running,
@@ -438,6 +456,39 @@ impl Lifecycle {
             tracing::warn!(template = %template.id, %error, "cannot count template spawn");
         }
         Ok(CreatedSandbox { record })
+    }
+
+    /// A built template with a start command: run it in the new sandbox and wait for its ready command,
+    /// as the build's finalize step did. Templates without a build record (the built-in `base`) or
+    /// without start_cmd do nothing.
+    async fn run_template_start(
+        &self,
+        template: &TemplateRecord,
+        sandbox: &Sandbox,
+    ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
+        use crate::templates::build::{agent_commands::EnvdCommands, instantiate, versions};
+        let versions = versions::TemplateVersions::new(&self.config.state_dir);
+        let Ok(built) = versions.load(&template.id, &template.build_id) else {
+            return Ok(());
+        };
+        if built.start_cmd.is_none() {
+            return Ok(());
+        }
+        let sandbox = sandbox.clone();
+        let id = sandbox.id.clone();
+        let ready_timeout = self
+            .config
+            .agent_init_timeout
+            .max(std::time::Duration::from_secs(60));
+        tokio::task::spawn_blocking(move || {
+            instantiate::run_start_cmd(&EnvdCommands::new(), &built, &sandbox, ready_timeout)
+                .map(drop)
+        })
+        .await
+        .unwrap_or_else(|join| {
+            tracing::error!(sandbox = %id, error = %join, "start_cmd thread panicked");
+            Err(instantiate::InstantiateError::StartExited { id, code: -1 })
+        })
     }
 
     /// Move to `failed`, logging (not returning) a store error: the caller is already reporting one.
