@@ -4,15 +4,19 @@ build served from the layer cache, a sandbox from the template through the offic
 server answers through the sandbox proxy, a failing build's output and exit code, and delete (409
 while in use, then --force)."""
 
+import glob
 import re
+import shutil
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-from conftest import REPO
+REPO = Path(__file__).resolve().parents[2]
 
 FIXTURE = REPO / "tests" / "templates" / "http-app"
+# The fixture's offline `pip install` runs pip from the host's wheel (Debian's python3-pip-whl).
+HOST_PIP_WHEELS = "/usr/share/python-wheels/pip-*.whl"
 NAME = "wt-e2e-http-app"
 GREETING = "hello from a pip-installed package"
 # `warren template build` exits 5 for a refused (409) request, 1 for a failed build.
@@ -26,10 +30,25 @@ def _build(warren, *args):
     return result, time.monotonic() - started
 
 
-def test_build_cache_sandbox_and_delete(warren, sdk_env):
+def _fixture_copy(into: str) -> str | None:
+    """The http-app fixture with the host's pip wheel added to wheels/ (as its README says)."""
+    wheels = glob.glob(HOST_PIP_WHEELS)
+    if not wheels:
+        return None
+    context = Path(into) / "http-app"
+    shutil.copytree(FIXTURE, context)
+    shutil.copy(wheels[0], context / "wheels")
+    return str(context)
+
+
+def test_build_cache_sandbox_and_delete(warren, sdk_env, tmp_path):
     from e2b import Sandbox
 
-    cold, cold_s = _build(warren, str(FIXTURE), "--name", NAME)
+    context = _fixture_copy(str(tmp_path))
+    if context is None:
+        print(f"SKIP: no pip wheel at {HOST_PIP_WHEELS} (install python3-pip-whl; scripts/setup does)")
+        return
+    cold, cold_s = _build(warren, context, "--name", NAME)
     assert cold.returncode == 0, cold.stdout + cold.stderr
     assert GREETING in cold.stdout, cold.stdout  # the RUN step's output is streamed
     assert "notes.tmp" not in cold.stdout  # .dockerignore applies to the uploaded context
@@ -37,7 +56,7 @@ def test_build_cache_sandbox_and_delete(warren, sdk_env):
     assert summary, cold.stdout
     assert summary.group(1) == "0", cold.stdout
 
-    cached, cached_s = _build(warren, str(FIXTURE), "--name", NAME)
+    cached, cached_s = _build(warren, context, "--name", NAME)
     assert cached.returncode == 0, cached.stdout + cached.stderr
     assert "CACHED" in cached.stdout, cached.stdout
     summary = re.search(r"\((\d+) of (\d+) steps cached\)", cached.stdout)

@@ -424,7 +424,7 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
-        if let Err(source) = self.run_template_start(&template, &sandbox).await {
+        if let Err(source) = self.run_template_start(&record, &template, &sandbox).await {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
@@ -463,6 +463,7 @@ impl Lifecycle {
     /// without start_cmd do nothing.
     async fn run_template_start(
         &self,
+        record: &SandboxRecord,
         template: &TemplateRecord,
         sandbox: &Sandbox,
     ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
@@ -476,13 +477,13 @@ impl Lifecycle {
         }
         let sandbox = sandbox.clone();
         let id = sandbox.id.clone();
+        let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
         let ready_timeout = self
             .config
             .agent_init_timeout
             .max(std::time::Duration::from_secs(60));
         tokio::task::spawn_blocking(move || {
-            instantiate::run_start_cmd(&EnvdCommands::new(), &built, &sandbox, ready_timeout)
-                .map(drop)
+            instantiate::run_start_cmd(&commands, &built, &sandbox, ready_timeout).map(drop)
         })
         .await
         .unwrap_or_else(|join| {

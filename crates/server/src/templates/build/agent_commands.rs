@@ -83,6 +83,8 @@ pub trait CommandRunner: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct EnvdCommands {
     agent: ureq::Agent,
+    /// `X-Access-Token` of a sandbox created with `secure` (the server's create path sets it).
+    access_token: Option<String>,
 }
 
 impl Default for EnvdCommands {
@@ -97,7 +99,14 @@ impl EnvdCommands {
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(10))
                 .build(),
+            access_token: None,
         }
+    }
+
+    /// Sends `token` as `X-Access-Token` with every request.
+    pub fn with_access_token(mut self, token: Option<String>) -> EnvdCommands {
+        self.access_token = token;
+        self
     }
 
     fn start(
@@ -130,14 +139,17 @@ impl EnvdCommands {
         let body = encode_envelope(0, &Codec::Proto.encode(&request));
         let auth = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let url = format!("http://{addr}/process.Process/Start");
-        let response = self
+        let mut request = self
             .agent
             .post(&url)
             .set("Content-Type", Codec::Proto.content_type(true))
             .set("Connect-Protocol-Version", "1")
             .set("Authorization", &format!("Basic {auth}"))
-            .set("Keepalive-Ping-Interval", "30")
-            .send_bytes(&body);
+            .set("Keepalive-Ping-Interval", "30");
+        if let Some(token) = &self.access_token {
+            request = request.set("X-Access-Token", token);
+        }
+        let response = request.send_bytes(&body);
         match response {
             Ok(r) => Ok(r.into_reader()),
             Err(ureq::Error::Status(status, r)) => {
