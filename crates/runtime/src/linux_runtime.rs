@@ -56,13 +56,22 @@ fn other(error: impl std::error::Error) -> RuntimeError {
 
 impl LinuxRuntime {
     /// Checks the host (root, overlayfs, cgroups, binaries, nftables) and prepares the state directory.
-    pub fn new(config: LinuxRuntimeConfig) -> Result<Self, ConfigError> {
+    pub fn new(mut config: LinuxRuntimeConfig) -> Result<Self, ConfigError> {
         config::check_root()?;
         config::check_overlay()?;
         let cgroups = Cgroups::detect()
             .map_err(|e| ConfigError::NoCgroups(crate::supervisor_error_chain(&e)))?;
         if !config.agent_binary.is_file() {
             return Err(ConfigError::NoAgent(config.agent_binary.clone()));
+        }
+        // Supervisors bind-mount these paths from their own working directory: make them absolute, so a
+        // relative `--agent` or state dir means what it meant where the caller stood.
+        for path in [&mut config.agent_binary, &mut config.state_dir] {
+            if path.is_relative() {
+                if let Ok(cwd) = std::env::current_dir() {
+                    *path = cwd.join(&*path);
+                }
+            }
         }
         let supervisor_binary = config::find_supervisor(config.supervisor_binary.as_deref())?;
         if !(8..=30).contains(&config.subnet_prefix) {

@@ -31,6 +31,30 @@ pub struct ServerConfig {
     pub scheduler_interval: Duration,
     /// How long to wait for the agent's `/init` after a start or restore.
     pub agent_init_timeout: Duration,
+    /// Which snapshots the garbage collector keeps.
+    pub snapshot_retention: SnapshotRetention,
+}
+
+/// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
+/// paused sandbox needs its own to resume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRetention {
+    /// Keep at most this many snapshots per source sandbox (newest first); `None`: no limit.
+    pub keep_last_per_sandbox: Option<u32>,
+    /// Delete snapshots older than this; `None`: no age limit.
+    pub max_age: Option<Duration>,
+    /// How often the collector runs.
+    pub interval: Duration,
+}
+
+impl Default for SnapshotRetention {
+    fn default() -> Self {
+        SnapshotRetention {
+            keep_last_per_sandbox: Some(10),
+            max_age: Some(Duration::from_secs(7 * 24 * 3600)),
+            interval: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Fleet limits of this node; admission refuses with 429 beyond them.
@@ -90,6 +114,7 @@ impl ServerConfig {
             base_rootfs: PathBuf::from(DEFAULT_BASE_ROOTFS),
             scheduler_interval: Duration::from_secs(1),
             agent_init_timeout: Duration::from_secs(10),
+            snapshot_retention: SnapshotRetention::default(),
         }
     }
 

@@ -22,7 +22,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use warren_runtime::Runtime;
 
-pub use config::{DefaultResources, Limits, ServerConfig};
+pub use config::{DefaultResources, Limits, ServerConfig, SnapshotRetention};
 pub use lifecycle::reconcile::ReconcileReport;
 pub use store::{SqliteStore, Store};
 

@@ -111,7 +111,7 @@ async fn bad_build_requests_are_refused_with_clear_errors() {
     );
     assert_error(
         &post(json!({"name": "base"})).await,
-        StatusCode::FORBIDDEN,
+        StatusCode::CONFLICT,
         "built-in",
     );
     assert_error(
@@ -304,7 +304,7 @@ async fn delete_is_refused_while_sandboxes_use_the_template_unless_forced() {
     );
     assert_error(
         &h.api(Method::DELETE, "/templates/base", None).await,
-        StatusCode::FORBIDDEN,
+        StatusCode::CONFLICT,
         "built-in",
     );
     let unused = request_build(&h, "unused").await;

@@ -2,9 +2,11 @@
 //! E2B's JSON field names. Plain data only; no server logic.
 
 pub mod sandboxes;
+pub mod snapshots;
 pub mod templates;
 
 pub use sandboxes::*;
+pub use snapshots::*;
 pub use templates::*;
 
 use serde::{Deserialize, Serialize};

@@ -175,8 +175,16 @@ pub fn leftovers(state_dir: &Path, ids: &[String]) -> Vec<String> {
 }
 
 /// Host veths of sandboxes (`wv-*`) whose address is in `ips`.
+/// Host veths left for `ips` by this test's runtime. An address released by the test may already be
+/// leased again by another runtime on the same bridge (a server or a second checkout): its host-wide
+/// claim then names another state dir, and its veth is not ours.
 pub fn veths_for(ips: &[std::net::Ipv4Addr]) -> Vec<String> {
     ips.iter()
+        .filter(|ip| {
+            let claim = std::path::Path::new("/run/warren/addresses/warren0").join(ip.to_string());
+            let ours = format!("-{}/", std::process::id());
+            std::fs::read_to_string(claim).map_or(true, |owner| owner.contains(&ours))
+        })
         .map(|ip| warren_runtime::network::veth_name("wv", *ip))
         .filter(|name| warren_runtime::network::host_link_exists(name))
         .collect()

@@ -89,6 +89,11 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::Transition(invalid) => {
                 ApiError::new(StatusCode::CONFLICT, invalid.to_string())
             }
+            LifecycleError::Unsupported(message) => ApiError {
+                status: StatusCode::NOT_IMPLEMENTED,
+                message: message.clone(),
+                error_code: Some("not_supported_on_this_host"),
+            },
             LifecycleError::Runtime { .. }
             | LifecycleError::AgentInit { .. }
             | LifecycleError::TemplateStart { .. }

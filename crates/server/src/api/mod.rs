@@ -6,6 +6,7 @@ pub mod error;
 pub mod extract;
 mod meta;
 mod sandboxes;
+mod snapshots;
 mod templates;
 
 use std::sync::Arc;
@@ -28,6 +29,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(sandboxes::router())
+        .merge(snapshots::router())
         .merge(templates::router())
         .merge(meta::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })

@@ -56,7 +56,7 @@ fn api_state(record: &SandboxRecord) -> api::SandboxState {
         .unwrap_or(api::SandboxState::Running)
 }
 
-fn created(state: &AppState, record: &SandboxRecord) -> api::Sandbox {
+pub(super) fn created(state: &AppState, record: &SandboxRecord) -> api::Sandbox {
     api::Sandbox {
         template_id: record.template_id.clone(),
         sandbox_id: record.id.clone(),

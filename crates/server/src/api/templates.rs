@@ -59,7 +59,7 @@ impl From<BuildsError> for ApiError {
             BuildsError::AlreadyStarted(_) | BuildsError::Conflict(_) => {
                 ApiError::new(StatusCode::CONFLICT, error.to_string())
             }
-            BuildsError::BuiltIn(_) => ApiError::new(StatusCode::FORBIDDEN, error.to_string()),
+            BuildsError::BuiltIn(_) => ApiError::new(StatusCode::CONFLICT, error.to_string()),
             BuildsError::BadRequest(_)
             | BuildsError::Upload(UploadError::BadHash(_) | UploadError::UnsafePath { .. })
             | BuildsError::Version(VersionError::BadId(_)) => {
@@ -125,6 +125,8 @@ async fn list(
     Ok(Json(records.iter().map(template).collect()))
 }
 
+/// The SDK's `Sandbox.delete_snapshot` calls this: snapshots are templates in E2B's model. Deleting a
+/// built template is not offered yet.
 async fn get_one(
     State(state): State<AppState>,
     _key: Authenticated,
@@ -349,7 +351,8 @@ async fn build_status(
     Ok(Json(info))
 }
 
-/// `DELETE /templates/{id}[?force=true]`: refused (409) while sandboxes use the template unless forced.
+/// `DELETE /templates/{id}[?force=true]`: a built template (refused with 409 while sandboxes use it
+/// unless forced), or else a snapshot of that id.
 async fn delete(
     State(state): State<AppState>,
     _key: Authenticated,
@@ -365,8 +368,12 @@ async fn delete(
             )))
         }
     };
-    state.builds.delete(&id, force).await?;
-    Ok(StatusCode::NO_CONTENT)
+    match state.builds.delete(&id, force).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        // Snapshots are templates to the SDK too.
+        Err(BuildsError::TemplateNotFound(_)) => super::snapshots::delete_by_id(&state, &id).await,
+        Err(other) => Err(other.into()),
+    }
 }
 
 /// `GET /templates/aliases/{alias}`.

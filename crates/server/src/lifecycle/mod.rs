@@ -6,6 +6,7 @@ pub mod agent_init;
 mod operations;
 pub mod reconcile;
 pub mod scheduler;
+mod snapshots;
 pub mod state;
 
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -13,6 +14,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use operations::{
     CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, ResumeOutcome, RouteError,
 };
+pub use snapshots::{ForkOutcome, GcReport, MAX_FORKS};
 
 use crate::store::Millis;
 

@@ -62,6 +62,8 @@ pub enum LifecycleError {
     },
     #[error("store failed")]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 /// Why the proxy cannot reach a sandbox.
@@ -106,6 +108,49 @@ pub enum ResumeOutcome {
     AlreadyRunning,
 }
 
+/// What a new sandbox starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StartSource {
+    pub template_id: String,
+    pub alias: Option<String>,
+    /// Read-only layers, top-most first.
+    pub layers: Vec<PathBuf>,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    /// Restore this checkpoint (template build, snapshot or fork) instead of starting fresh.
+    pub checkpoint: Option<PathBuf>,
+    /// Access token the checkpointed agent still holds, to re-initialise it with.
+    pub agent_token: Option<String>,
+    pub counts_as_template_spawn: bool,
+    /// A built template without a checkpoint whose start_cmd must run (and ready_cmd pass) in every new
+    /// sandbox, as the build's finalize step did.
+    pub cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+}
+
+/// How a sandbox of a built template begins: the checkpoint its build left (start command running,
+/// ready check passed), or else the build record when its start command must run at create. Neither
+/// for templates without a build record (the built-in `base`) or without a start command.
+fn template_start(
+    config: &ServerConfig,
+    template: &TemplateRecord,
+) -> (
+    Option<PathBuf>,
+    Option<crate::templates::build::versions::BuiltTemplate>,
+) {
+    let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
+    match versions.load(&template.id, &template.build_id) {
+        Ok(built) => match &built.start {
+            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
+                (Some(dir.clone()), None)
+            }
+            _ if built.start_cmd.is_some() => (None, Some(built)),
+            _ => (None, None),
+        },
+        Err(_) => (None, None),
+    }
+}
+
 /// Where the proxy sends traffic for a running sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Route {
@@ -133,7 +178,7 @@ fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) ->
 
 /// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
 /// contains no `-`, so `<port>-<id>` splits cleanly).
-fn new_sandbox_id() -> String {
+pub(crate) fn new_sandbox_id() -> String {
     let mut rng = rand::thread_rng();
     let first = rng.gen_range(b'a'..=b'z') as char;
     let rest: String = Alphanumeric
@@ -142,7 +187,7 @@ fn new_sandbox_id() -> String {
     format!("{first}{rest}")
 }
 
-fn new_access_token() -> String {
+pub(crate) fn new_access_token() -> String {
     let mut bytes = [0u8; 24];
     rand::thread_rng().fill(&mut bytes);
     hex::encode(bytes)
@@ -196,7 +241,7 @@ impl Lifecycle {
             })
     }
 
-    fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self
             .locks
             .lock()
@@ -204,7 +249,7 @@ impl Lifecycle {
         Arc::clone(locks.entry(id.to_string()).or_default())
     }
 
-    fn forget_lock(&self, id: &str) {
+    pub(crate) fn forget_lock(&self, id: &str) {
         let mut locks = self
             .locks
             .lock()
@@ -294,9 +339,17 @@ impl Lifecycle {
     }
 
     fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
+        self.spec_with_layers(record, template.layers.clone())
+    }
+
+    pub(crate) fn spec_with_layers(
+        &self,
+        record: &SandboxRecord,
+        layers: Vec<PathBuf>,
+    ) -> SandboxSpec {
         SandboxSpec {
             id: record.id.clone(),
-            layers: template.layers.clone(),
+            layers,
             resources: Resources {
                 vcpus: record.vcpus,
                 memory_mib: record.memory_mib,
@@ -346,23 +399,63 @@ impl Lifecycle {
         })
     }
 
+    /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
+    /// build left one, else a cold start on its layers), or else a snapshot of that id or name.
+    async fn start_source(&self, id_or_alias: &str) -> Result<StartSource, LifecycleError> {
+        match self.template(id_or_alias).await {
+            Ok(template) => {
+                let (checkpoint, cold_start) = template_start(&self.config, &template);
+                Ok(StartSource {
+                    template_id: template.id.clone(),
+                    alias: (id_or_alias != template.id).then(|| id_or_alias.to_string()),
+                    layers: template.layers.clone(),
+                    vcpus: template.vcpus,
+                    memory_mib: template.memory_mib,
+                    disk_mib: template.disk_mib,
+                    checkpoint,
+                    agent_token: None,
+                    counts_as_template_spawn: true,
+                    cold_start,
+                })
+            }
+            Err(LifecycleError::TemplateNotFound(name)) => {
+                let Some(snapshot) = self.store.get_snapshot(&name).await? else {
+                    return Err(LifecycleError::TemplateNotFound(name));
+                };
+                Ok(StartSource {
+                    template_id: snapshot.template_id.clone(),
+                    alias: Some(snapshot.id.clone()),
+                    layers: snapshot.layers.clone(),
+                    vcpus: snapshot.vcpus,
+                    memory_mib: snapshot.memory_mib,
+                    disk_mib: snapshot.disk_mib,
+                    checkpoint: Some(snapshot.dir.clone()),
+                    agent_token: snapshot.envd_access_token.clone(),
+                    counts_as_template_spawn: false,
+                    cold_start: None,
+                })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
         let timeout = self.timeout_millis(request.timeout)?;
-        let template = self.template(&request.template).await?;
+        let source = self.start_source(&request.template).await?;
         let now = now_millis();
-        let mut record = SandboxRecord {
+        let record = SandboxRecord {
             id: new_sandbox_id(),
-            template_id: template.id.clone(),
-            alias: (request.template != template.id).then(|| request.template.clone()),
+            template_id: source.template_id.clone(),
+            alias: source.alias.clone(),
             client_id: CLIENT_ID.to_string(),
             state: SandboxState::Creating,
             state_reason: None,
             metadata: request.metadata,
             env_vars: request.env_vars,
-            vcpus: template.vcpus,
-            memory_mib: template.memory_mib,
-            disk_mib: template.disk_mib,
+            vcpus: source.vcpus,
+            memory_mib: source.memory_mib,
+            disk_mib: source.disk_mib,
             auto_pause: request.auto_pause,
             auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
             allow_internet: request.allow_internet,
@@ -375,6 +468,26 @@ impl Lifecycle {
             end_at: now + timeout,
             updated_at: now,
         };
+        let record = self.admit_and_start(record, &source).await?;
+        if source.counts_as_template_spawn {
+            if let Err(error) = self
+                .store
+                .record_template_spawn(&source.template_id, now_millis())
+                .await
+            {
+                tracing::warn!(template = %source.template_id, %error, "cannot count template spawn");
+            }
+        }
+        Ok(CreatedSandbox { record })
+    }
+
+    /// Admit `record` (state `creating`), store it, start it from `source` (restore its checkpoint or a
+    /// fresh start) and initialise its agent (with the token a restored agent still holds).
+    pub(crate) async fn admit_and_start(
+        &self,
+        mut record: SandboxRecord,
+        source: &StartSource,
+    ) -> Result<SandboxRecord, LifecycleError> {
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
         {
@@ -395,27 +508,42 @@ impl Lifecycle {
             };
             if let Err(refused) = admission::admit(&self.config.limits, Usage::of(&live), request) {
                 self.metrics.admission_refused();
+                self.forget_lock(&record.id);
                 return Err(refused.into());
             }
             self.store.insert_sandbox(&record).await?;
         }
         let admitted = std::time::Instant::now();
 
-        let spec = self.spec_for(&record, &template);
-        let started = self.on_runtime(move |runtime| runtime.create(&spec)).await;
+        let spec = self.spec_with_layers(&record, source.layers.clone());
+        let checkpoint = source.checkpoint.clone();
+        let (action, started) = match checkpoint {
+            Some(dir) => (
+                "restore",
+                self.on_runtime(move |runtime| runtime.restore(&dir, &spec))
+                    .await,
+            ),
+            None => (
+                "start",
+                self.on_runtime(move |runtime| runtime.create(&spec)).await,
+            ),
+        };
         let sandbox = match started {
             Ok(sandbox) => sandbox,
             Err(source) => {
-                let reason = format!("start failed: {source}");
+                let reason = format!("{action} failed: {source}");
                 self.fail(&mut record, reason).await;
                 return Err(LifecycleError::Runtime {
-                    action: "start",
+                    action,
                     id: record.id.clone(),
                     source,
                 });
             }
         };
-        if let Err(error) = self.init_agent_of(&record, &sandbox, None).await {
+        if let Err(error) = self
+            .init_agent_of(&record, &sandbox, source.agent_token.as_deref())
+            .await
+        {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed init");
@@ -424,7 +552,7 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
-        if let Err(source) = self.run_template_start(&record, &template, &sandbox).await {
+        if let Err(source) = self.run_template_start(&record, source, &sandbox).await {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
@@ -442,39 +570,31 @@ impl Lifecycle {
             TransitionUpdate {
                 ip: Some(Some(sandbox.ip)),
                 init_pid: Some(Some(sandbox.init_pid)),
+                reason: source
+                    .checkpoint
+                    .as_ref()
+                    .map(|dir| format!("restored from {}", dir.display())),
                 ..TransitionUpdate::default()
             },
         )
         .await?;
         self.metrics
             .sandbox_started(admitted.elapsed().as_secs_f64());
-        if let Err(error) = self
-            .store
-            .record_template_spawn(&template.id, now_millis())
-            .await
-        {
-            tracing::warn!(template = %template.id, %error, "cannot count template spawn");
-        }
-        Ok(CreatedSandbox { record })
+        Ok(record)
     }
 
-    /// A built template with a start command: run it in the new sandbox and wait for its ready command,
-    /// as the build's finalize step did. Templates without a build record (the built-in `base`) or
-    /// without start_cmd do nothing.
+    /// A built template with a start command and no checkpoint: run start_cmd in the new sandbox and
+    /// wait for its ready command, as the build's finalize step did.
     async fn run_template_start(
         &self,
         record: &SandboxRecord,
-        template: &TemplateRecord,
+        source: &StartSource,
         sandbox: &Sandbox,
     ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
-        use crate::templates::build::{agent_commands::EnvdCommands, instantiate, versions};
-        let versions = versions::TemplateVersions::new(&self.config.state_dir);
-        let Ok(built) = versions.load(&template.id, &template.build_id) else {
+        use crate::templates::build::{agent_commands::EnvdCommands, instantiate};
+        let Some(built) = source.cold_start.clone() else {
             return Ok(());
         };
-        if built.start_cmd.is_none() {
-            return Ok(());
-        }
         let sandbox = sandbox.clone();
         let id = sandbox.id.clone();
         let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
@@ -507,7 +627,7 @@ impl Lifecycle {
     }
 
     /// Take the sandbox's lock and read it; `NotFound` (and no lock left behind) unless it is live.
-    async fn lock_live(
+    pub(crate) async fn lock_live(
         &self,
         id: &str,
     ) -> Result<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord), LifecycleError> {
@@ -949,7 +1069,7 @@ impl Lifecycle {
     }
 }
 
-async fn remove_snapshot(dir: &PathBuf) {
+pub(crate) async fn remove_snapshot(dir: &std::path::Path) {
     match tokio::fs::remove_dir_all(dir).await {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}

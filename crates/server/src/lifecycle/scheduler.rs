@@ -1,5 +1,5 @@
-//! The timeout scheduler: at each tick, sandboxes whose end time has passed are paused (autoPause) or
-//! killed.
+//! The scheduler: at each tick, sandboxes whose end time has passed are paused (autoPause) or killed;
+//! every `snapshot_retention.interval` the snapshot garbage collector applies the retention policy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -39,7 +39,8 @@ pub async fn expire_due(
     Ok(report)
 }
 
-/// Run [`expire_due`] every `interval` until `shutdown` turns true.
+/// Run [`expire_due`] every `interval`, and the snapshot collector every retention interval, until
+/// `shutdown` turns true.
 pub async fn run(
     lifecycle: Arc<Lifecycle>,
     interval: Duration,
@@ -47,9 +48,21 @@ pub async fn run(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut gc_ticker = tokio::time::interval(lifecycle.config().snapshot_retention.interval);
+    gc_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
+            _ = gc_ticker.tick() => {
+                match lifecycle.collect_snapshots(now_millis()).await {
+                    Ok(report) if !report.deleted.is_empty() => {
+                        tracing::info!(deleted = ?report.deleted, "snapshot retention applied");
+                    }
+                    Ok(_) => {}
+                    Err(error) => tracing::error!(%error, "snapshot collection failed"),
+                }
+                continue;
+            }
             _ = shutdown.changed() => return,
         }
         if *shutdown.borrow() {

@@ -4,6 +4,7 @@
 //! PostgreSQL implementation can sit behind the same trait). All SQL lives in the implementations.
 
 pub mod sqlite;
+mod sqlite_snapshots;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -155,6 +156,68 @@ pub struct TransitionUpdate {
     pub end_at: Option<Millis>,
 }
 
+/// A snapshot of a running sandbox: a checkpoint new sandboxes restore from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SnapshotRecord {
+    pub id: String,
+    pub name: Option<String>,
+    /// The sandbox it was taken from.
+    pub sandbox_id: String,
+    pub template_id: String,
+    /// Read-only layers under the checkpoint, top-most first (restores must use the same).
+    pub layers: Vec<PathBuf>,
+    pub dir: PathBuf,
+    pub size_bytes: u64,
+    pub checksum_status: ChecksumStatus,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    /// Access token the checkpointed agent holds; a restored copy is re-initialised with it.
+    pub envd_access_token: Option<String>,
+    pub created_at: Millis,
+}
+
+/// What is known about a snapshot's checksums.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChecksumStatus {
+    /// Every stored file has a SHA-256 in the manifest; the runtime verifies them at each restore.
+    Sha256,
+    /// A restore found a file that did not match its checksum.
+    Mismatch,
+    /// No manifest with checksums.
+    None,
+}
+
+impl ChecksumStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ChecksumStatus::Sha256 => "sha256",
+            ChecksumStatus::Mismatch => "mismatch",
+            ChecksumStatus::None => "none",
+        }
+    }
+
+    pub fn parse(value: &str) -> Option<Self> {
+        match value {
+            "sha256" => Some(ChecksumStatus::Sha256),
+            "mismatch" => Some(ChecksumStatus::Mismatch),
+            "none" => Some(ChecksumStatus::None),
+            _ => None,
+        }
+    }
+}
+
+/// Filter of [`Store::list_snapshots`]; newest first.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SnapshotFilter {
+    pub sandbox_id: Option<String>,
+    /// Matches the id or the name.
+    pub name: Option<String>,
+    /// Continue after this `(created_at, id)` position.
+    pub after: Option<(Millis, String)>,
+    pub limit: Option<u32>,
+}
+
 /// Filter of [`Store::list_sandboxes`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SandboxFilter {
@@ -221,4 +284,28 @@ pub trait Store: Send + Sync {
     /// Running sandboxes whose end time is at or before `now`.
     async fn expired_sandboxes(&self, now: Millis) -> Result<Vec<SandboxRecord>, StoreError>;
     async fn sandbox_events(&self, id: &str) -> Result<Vec<SandboxEvent>, StoreError>;
+    /// Store an event that is no state change (`state → state`), e.g. a failed fork dump.
+    async fn note_sandbox_event(
+        &self,
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        now: Millis,
+    ) -> Result<(), StoreError>;
+
+    // Snapshots
+    async fn insert_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), StoreError>;
+    /// By id, or the newest with this name.
+    async fn get_snapshot(&self, id_or_name: &str) -> Result<Option<SnapshotRecord>, StoreError>;
+    async fn list_snapshots(
+        &self,
+        filter: &SnapshotFilter,
+    ) -> Result<Vec<SnapshotRecord>, StoreError>;
+    /// Returns whether a row was deleted.
+    async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError>;
+    async fn set_snapshot_checksum_status(
+        &self,
+        id: &str,
+        status: ChecksumStatus,
+    ) -> Result<(), StoreError>;
 }

@@ -1,5 +1,5 @@
 //! SQLite implementation of [`Store`]: WAL journal, migrations embedded in the binary. All of the server's
-//! SQL is in this file.
+//! SQL is in this file and its sibling `sqlite_snapshots.rs` (the snapshot rows).
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -14,8 +14,9 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    ApiKeyRecord, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, Store, StoreError,
-    TemplateRecord, TransitionUpdate,
+    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, Millis, PauseKind, SandboxEvent, SandboxFilter,
+    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TemplateRecord,
+    TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
 
@@ -528,6 +529,46 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(event_from_row).collect()
+    }
+
+    async fn note_sandbox_event(
+        &self,
+        id: &str,
+        state: SandboxState,
+        reason: &str,
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        insert_event(&mut tx, id, Some(state), state, Some(reason), now).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn insert_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), StoreError> {
+        sqlite_snapshots::insert(&self.pool, snapshot).await
+    }
+
+    async fn get_snapshot(&self, id_or_name: &str) -> Result<Option<SnapshotRecord>, StoreError> {
+        sqlite_snapshots::get(&self.pool, id_or_name).await
+    }
+
+    async fn list_snapshots(
+        &self,
+        filter: &SnapshotFilter,
+    ) -> Result<Vec<SnapshotRecord>, StoreError> {
+        sqlite_snapshots::list(&self.pool, filter).await
+    }
+
+    async fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
+        sqlite_snapshots::delete(&self.pool, id).await
+    }
+
+    async fn set_snapshot_checksum_status(
+        &self,
+        id: &str,
+        status: ChecksumStatus,
+    ) -> Result<(), StoreError> {
+        sqlite_snapshots::set_checksum_status(&self.pool, id, status).await
     }
 }
 

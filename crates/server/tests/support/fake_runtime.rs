@@ -37,6 +37,7 @@ pub struct Recorded {
     pub inits: Vec<(String, serde_json::Value, Option<String>)>,
     pub destroyed: Vec<String>,
     pub created: Vec<SandboxSpec>,
+    pub restored: Vec<SandboxSpec>,
 }
 
 pub struct FakeRuntime {
@@ -46,6 +47,10 @@ pub struct FakeRuntime {
     pub recorded: Arc<Mutex<Recorded>>,
     /// Make `create` fail, as a broken host would.
     pub fail_create: AtomicBool,
+    /// Make `checkpoint` fail (a failed dump: the sandbox keeps running).
+    pub fail_checkpoint: AtomicBool,
+    /// Make `restore` fail (the checkpoint stays as it was).
+    pub fail_restore: AtomicBool,
 }
 
 impl FakeRuntime {
@@ -56,6 +61,8 @@ impl FakeRuntime {
             sandboxes: Mutex::new(HashMap::new()),
             recorded: Arc::new(Mutex::new(Recorded::default())),
             fail_create: AtomicBool::new(false),
+            fail_checkpoint: AtomicBool::new(false),
+            fail_restore: AtomicBool::new(false),
         })
     }
 
@@ -324,11 +331,22 @@ impl Runtime for FakeRuntime {
         if !self.checkpoint {
             return Err(RuntimeError::Unsupported("no CRIU in the fake".to_string()));
         }
+        if self.fail_checkpoint.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Other("fake dump failure".to_string()));
+        }
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
         std::fs::create_dir_all(dest).map_err(|source| RuntimeError::Io {
             context: "mkdir".into(),
             source,
         })?;
         std::fs::write(dest.join("fake-checkpoint"), id).map_err(|source| RuntimeError::Io {
+            context: "write".into(),
+            source,
+        })?;
+        // Written last, as the real runtime does: a directory with a manifest is a complete checkpoint.
+        std::fs::write(dest.join("manifest.json"), "{}").map_err(|source| RuntimeError::Io {
             context: "write".into(),
             source,
         })?;
@@ -349,13 +367,17 @@ impl Runtime for FakeRuntime {
     }
 
     fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
-        let id = std::fs::read_to_string(checkpoint.join("fake-checkpoint")).map_err(|source| {
+        if self.fail_restore.load(Ordering::SeqCst) {
+            return Err(RuntimeError::Other("fake restore failure".to_string()));
+        }
+        // The checkpoint must exist; forks and snapshots restore it under new ids.
+        std::fs::read_to_string(checkpoint.join("fake-checkpoint")).map_err(|source| {
             RuntimeError::Io {
                 context: "read checkpoint".into(),
                 source,
             }
         })?;
-        assert_eq!(id, spec.id);
+        self.recorded.lock().unwrap().restored.push(spec.clone());
         self.start(&spec.id)
     }
 }

@@ -1,0 +1,175 @@
+//! Fork and snapshots: `POST /sandboxes/{id}/fork`, `POST /sandboxes/{id}/snapshots`, `GET /snapshots`,
+//! `DELETE /snapshots/{id}`. (The SDK's `delete_snapshot` calls `DELETE /templates/{id}`; the templates
+//! router hands snapshot ids to [`delete_by_id`].)
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router};
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use chrono::{TimeZone, Utc};
+use warren_proto::api::{self, NEXT_TOKEN_HEADER};
+
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::extract::{OptionalJson, QueryPairs};
+use super::sandboxes::created;
+use super::AppState;
+use crate::store::{Millis, SnapshotFilter, SnapshotRecord};
+
+/// Largest page of `GET /snapshots`.
+const MAX_PAGE: u32 = 100;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/snapshots", post(create))
+        .route("/snapshots", get(list))
+        .route("/snapshots/{id}", delete(remove))
+}
+
+fn info(record: &SnapshotRecord) -> api::SnapshotInfo {
+    let mut names = vec![record.id.clone()];
+    if let Some(name) = &record.name {
+        names.insert(0, name.clone());
+    }
+    api::SnapshotInfo {
+        snapshot_id: record.id.clone(),
+        names,
+        sandbox_id: Some(record.sandbox_id.clone()),
+        size_bytes: Some(record.size_bytes),
+        created_at: Utc.timestamp_millis_opt(record.created_at).single(),
+    }
+}
+
+async fn fork(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<api::SandboxForkRequest>,
+) -> Result<(StatusCode, Json<Vec<api::SandboxForkResult>>), ApiError> {
+    let outcomes = state.lifecycle.fork(&id, body.count, body.timeout).await?;
+    let results = outcomes
+        .into_iter()
+        .map(|outcome| match outcome {
+            Ok(record) => api::SandboxForkResult {
+                sandbox: Some(created(&state, &record)),
+                error: None,
+            },
+            Err(error) => {
+                let error = ApiError::from(error);
+                api::SandboxForkResult {
+                    sandbox: None,
+                    error: Some(api::Error {
+                        code: error.status.as_u16(),
+                        message: error.message,
+                        error_code: error.error_code.map(str::to_string),
+                    }),
+                }
+            }
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(results)))
+}
+
+async fn create(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    OptionalJson(body): OptionalJson<api::SandboxSnapshotRequest>,
+) -> Result<(StatusCode, Json<api::SnapshotInfo>), ApiError> {
+    if body.memory == Some(false) {
+        return Err(ApiError {
+            status: StatusCode::BAD_REQUEST,
+            message: "filesystem-only snapshots (memory=false) are not supported by this server"
+                .to_string(),
+            error_code: Some("snapshot_filesystem_only_disabled"),
+        });
+    }
+    let record = state.lifecycle.create_snapshot(&id, body.name).await?;
+    Ok((StatusCode::CREATED, Json(info(&record))))
+}
+
+fn encode_token(record: &SnapshotRecord) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{}:{}", record.created_at, record.id))
+}
+
+fn decode_token(token: &str) -> Result<(Millis, String), ApiError> {
+    let invalid = || ApiError::bad_request("invalid nextToken");
+    let bytes = URL_SAFE_NO_PAD
+        .decode(token.trim_end_matches('='))
+        .map_err(|_| invalid())?;
+    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
+    let (millis, id) = text.split_once(':').ok_or_else(invalid)?;
+    Ok((millis.parse().map_err(|_| invalid())?, id.to_string()))
+}
+
+async fn list(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    query: QueryPairs,
+) -> Result<Response, ApiError> {
+    let limit = match query.get("limit") {
+        None => MAX_PAGE,
+        Some(limit) => match limit.parse::<u32>() {
+            Ok(limit) if (1..=MAX_PAGE).contains(&limit) => limit,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "limit must be between 1 and {MAX_PAGE}, got {limit:?}"
+                )))
+            }
+        },
+    };
+    let filter = SnapshotFilter {
+        sandbox_id: query.get("sandboxID").map(str::to_string),
+        name: query.get("name").map(str::to_string),
+        after: query.get("nextToken").map(decode_token).transpose()?,
+        limit: Some(limit + 1),
+    };
+    let mut records = state.lifecycle.list_snapshots(&filter).await?;
+    let mut headers = HeaderMap::new();
+    if records.len() > limit as usize {
+        records.truncate(limit as usize);
+        if let Some(last) = records.last() {
+            if let Ok(value) = HeaderValue::from_str(&encode_token(last)) {
+                headers.insert(NEXT_TOKEN_HEADER, value);
+            }
+        }
+    }
+    let body: Vec<api::SnapshotInfo> = records.iter().map(info).collect();
+    Ok((headers, Json(body)).into_response())
+}
+
+/// Delete snapshot `id` (or name): 204, or 404 when there is none.
+pub(super) async fn delete_by_id(state: &AppState, id: &str) -> Result<StatusCode, ApiError> {
+    if state.lifecycle.delete_snapshot(id).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("snapshot '{id}' not found")))
+    }
+}
+
+async fn remove(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    delete_by_id(&state, &id).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn next_token_round_trips() {
+        let token = URL_SAFE_NO_PAD.encode("1700000000000:snap-a");
+        assert_eq!(
+            decode_token(&token).unwrap(),
+            (1_700_000_000_000, "snap-a".to_string())
+        );
+        assert!(decode_token("%%").is_err());
+    }
+}

@@ -1,0 +1,147 @@
+//! The SQLite store's snapshot rows (the `snapshots` table of migration 0002), kept apart from
+//! `sqlite.rs` to keep files short. [`super::SqliteStore`]'s `Store` impl calls these.
+
+use std::path::PathBuf;
+
+use sqlx::sqlite::SqliteRow;
+use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+
+use super::{ChecksumStatus, SnapshotFilter, SnapshotRecord, StoreError};
+
+fn corrupt(
+    what: &'static str,
+    id: &str,
+    source: impl std::error::Error + Send + Sync + 'static,
+) -> StoreError {
+    StoreError::Corrupt {
+        what,
+        id: id.to_string(),
+        source: Box::new(source),
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("unknown checksum status {0:?}")]
+struct UnknownStatus(String);
+
+fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
+    let id: String = row.try_get("id")?;
+    let layers: String = row.try_get("layers")?;
+    let dir: String = row.try_get("dir")?;
+    let status: String = row.try_get("checksum_status")?;
+    Ok(SnapshotRecord {
+        name: row.try_get("name")?,
+        sandbox_id: row.try_get("sandbox_id")?,
+        template_id: row.try_get("template_id")?,
+        layers: serde_json::from_str::<Vec<PathBuf>>(&layers)
+            .map_err(|e| corrupt("snapshot layers", &id, e))?,
+        dir: PathBuf::from(dir),
+        size_bytes: row.try_get::<i64, _>("size_bytes")? as u64,
+        checksum_status: ChecksumStatus::parse(&status)
+            .ok_or_else(|| corrupt("snapshot checksum status", &id, UnknownStatus(status)))?,
+        vcpus: row.try_get("vcpus")?,
+        memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
+        disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
+        envd_access_token: row.try_get("envd_access_token")?,
+        created_at: row.try_get("created_at")?,
+        id,
+    })
+}
+
+pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), StoreError> {
+    let layers = serde_json::to_string(&s.layers).unwrap_or_else(|_| "[]".to_string());
+    sqlx::query(
+        "INSERT INTO snapshots (id, name, sandbox_id, template_id, layers, dir, size_bytes, \
+         checksum_status, vcpus, memory_mib, disk_mib, envd_access_token, created_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&s.id)
+    .bind(&s.name)
+    .bind(&s.sandbox_id)
+    .bind(&s.template_id)
+    .bind(layers)
+    .bind(s.dir.to_string_lossy().into_owned())
+    .bind(s.size_bytes as i64)
+    .bind(s.checksum_status.as_str())
+    .bind(s.vcpus)
+    .bind(s.memory_mib as i64)
+    .bind(s.disk_mib as i64)
+    .bind(&s.envd_access_token)
+    .bind(s.created_at)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn get(
+    pool: &SqlitePool,
+    id_or_name: &str,
+) -> Result<Option<SnapshotRecord>, StoreError> {
+    let row = sqlx::query(
+        "SELECT * FROM snapshots WHERE id = ? OR name = ? \
+         ORDER BY id = ? DESC, created_at DESC, id DESC LIMIT 1",
+    )
+    .bind(id_or_name)
+    .bind(id_or_name)
+    .bind(id_or_name)
+    .fetch_optional(pool)
+    .await?;
+    row.as_ref().map(snapshot_from_row).transpose()
+}
+
+pub(super) async fn list(
+    pool: &SqlitePool,
+    filter: &SnapshotFilter,
+) -> Result<Vec<SnapshotRecord>, StoreError> {
+    let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT * FROM snapshots WHERE 1 = 1");
+    if let Some(sandbox_id) = &filter.sandbox_id {
+        query
+            .push(" AND sandbox_id = ")
+            .push_bind(sandbox_id.clone());
+    }
+    if let Some(name) = &filter.name {
+        query
+            .push(" AND (id = ")
+            .push_bind(name.clone())
+            .push(" OR name = ")
+            .push_bind(name.clone())
+            .push(")");
+    }
+    if let Some((created_at, id)) = &filter.after {
+        query
+            .push(" AND (created_at < ")
+            .push_bind(*created_at)
+            .push(" OR (created_at = ")
+            .push_bind(*created_at)
+            .push(" AND id < ")
+            .push_bind(id.clone())
+            .push("))");
+    }
+    query.push(" ORDER BY created_at DESC, id DESC");
+    if let Some(limit) = filter.limit {
+        query.push(" LIMIT ").push_bind(i64::from(limit));
+    }
+    let rows = query.build().fetch_all(pool).await?;
+    rows.iter().map(snapshot_from_row).collect()
+}
+
+pub(super) async fn delete(pool: &SqlitePool, id: &str) -> Result<bool, StoreError> {
+    let done = sqlx::query("DELETE FROM snapshots WHERE id = ?")
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected() > 0)
+}
+
+pub(super) async fn set_checksum_status(
+    pool: &SqlitePool,
+    id: &str,
+    status: ChecksumStatus,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE snapshots SET checksum_status = ? WHERE id = ?")
+        .bind(status.as_str())
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
