@@ -101,3 +101,30 @@ def test_failing_step_shows_its_output_and_exits_non_zero(warren):
     assert "wt-output-before-failure" in result.stdout + result.stderr
     assert "failed" in result.stderr, result.stderr
     warren.cli("template", "delete", "wt-e2e-failing", "--force")
+
+
+def test_official_sdk_template_builder(sdk_env, tmp_path):
+    """The SDK's Template builder: v3 request, file upload link + PUT, v2 start, status polling."""
+    from e2b import Sandbox, Template
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "main.py").write_text("print('from-sdk-copy')\n")
+    template = (
+        Template(file_context_path=str(tmp_path))
+        .from_image("debian:bookworm")
+        .copy("app", "/home/user/app")
+        .run_cmd("python3 /home/user/app/main.py > /home/user/out.txt")
+    )
+    logs = []
+    first = Template.build(template, alias="wt-e2e-sdk-built", on_build_logs=lambda e: logs.append(e.message))
+    assert any("0 of 2 steps cached" in line for line in logs), logs
+    logs.clear()
+    second = Template.build(template, alias="wt-e2e-sdk-built", on_build_logs=lambda e: logs.append(e.message))
+    assert second.template_id == first.template_id and second.build_id != first.build_id
+    assert any("already cached" in line for line in logs), logs  # the upload was skipped
+    assert any("2 of 2 steps cached" in line for line in logs), logs
+    sandbox = Sandbox.create(template="wt-e2e-sdk-built", timeout=120)
+    try:
+        assert sandbox.commands.run("cat /home/user/out.txt").stdout == "from-sdk-copy\n"
+    finally:
+        sandbox.kill()
