@@ -333,6 +333,77 @@ fn build_status(status: TemplateBuildStatus) -> &'static str {
 mod tests {
     use super::*;
 
+    fn args(dir: &Path) -> TemplateBuildArgs {
+        TemplateBuildArgs {
+            dir: dir.to_path_buf(),
+            name: None,
+            dockerfile: None,
+            start_cmd: None,
+            ready_cmd: None,
+            cpu_count: None,
+            memory_mb: None,
+        }
+    }
+
+    #[test]
+    fn build_request_reads_toml_and_flags_override_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("e2b.toml"),
+            "template_name = \"web\"\nstart_cmd = \"python3 app.py\"\ncpu_count = 2\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("e2b.Dockerfile"), "FROM debian:bookworm\n").unwrap();
+        let request = build_request(&args(dir.path())).unwrap();
+        assert_eq!(request.alias.as_deref(), Some("web"));
+        assert_eq!(request.start_cmd.as_deref(), Some("python3 app.py"));
+        assert_eq!(request.cpu_count, Some(2));
+        assert_eq!(request.dockerfile, "FROM debian:bookworm\n");
+
+        std::fs::write(dir.path().join("other.Dockerfile"), "FROM ubuntu:22.04\n").unwrap();
+        let mut overridden = args(dir.path());
+        overridden.name = Some("api".into());
+        overridden.start_cmd = Some("serve".into());
+        overridden.dockerfile = Some(dir.path().join("other.Dockerfile"));
+        let request = build_request(&overridden).unwrap();
+        assert_eq!(request.alias.as_deref(), Some("api"));
+        assert_eq!(request.start_cmd.as_deref(), Some("serve"));
+        assert!(request.dockerfile.contains("ubuntu"));
+    }
+
+    #[test]
+    fn build_request_without_a_dockerfile_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(matches!(
+            build_request(&args(dir.path())),
+            Err(TemplateError::NoDockerfile(_))
+        ));
+    }
+
+    #[test]
+    fn context_archive_is_deterministic_and_holds_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("app/sub")).unwrap();
+        std::fs::write(dir.path().join("app/sub/b.txt"), "b").unwrap();
+        std::fs::write(dir.path().join("a.txt"), "a").unwrap();
+        let (first, hash) = pack_context(dir.path()).unwrap();
+        // Touching a file changes its mtime but not the archive.
+        std::fs::write(dir.path().join("a.txt"), "a").unwrap();
+        let (second, again) = pack_context(dir.path()).unwrap();
+        assert_eq!(first, second);
+        assert_eq!(hash, again);
+        assert_eq!(hash.len(), 64);
+        let mut names: Vec<String> = tar::Archive::new(flate2::read::GzDecoder::new(&first[..]))
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap().path().unwrap().display().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["a.txt", "app", "app/sub", "app/sub/b.txt"]);
+        std::fs::write(dir.path().join("a.txt"), "changed").unwrap();
+        assert_ne!(pack_context(dir.path()).unwrap().1, hash);
+    }
+
     #[test]
     fn template_rows_show_aliases_and_sizes() {
         let template: Template = serde_json::from_value(serde_json::json!({
