@@ -356,3 +356,18 @@ async fn delete_is_refused_while_sandboxes_use_the_template_unless_forced() {
     );
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_openapi_document_describes_the_build_endpoints() {
+    let h = Harness::start(false, |_| {}).await;
+    let url = format!("{}/openapi.json", h.server.api_url);
+    let doc = send(Method::GET, &url, &[], None).await.json();
+    let paths = &doc["paths"];
+    assert!(paths["/v3/templates"]["post"].is_object());
+    assert!(paths["/templates"]["post"].is_object());
+    assert!(paths["/templates/{templateID}"]["delete"].is_object());
+    assert!(paths["/templates/{templateID}/files/{hash}"]["put"].is_object());
+    assert!(paths["/v2/templates/{templateID}/builds/{buildID}"]["post"].is_object());
+    assert!(paths["/templates/{templateID}/builds/{buildID}/status"]["get"].is_object());
+    h.server.stop().await.unwrap();
+}
