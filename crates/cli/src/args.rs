@@ -54,7 +54,7 @@ pub enum Command {
     /// Create, inspect and control sandboxes.
     #[command(subcommand, visible_alias = "sbx")]
     Sandbox(SandboxCommand),
-    /// List templates.
+    /// List, build and delete templates.
     #[command(subcommand)]
     Template(TemplateCommand),
     /// Manage API keys (acts on the local store directly; needs access to the state directory).
@@ -222,6 +222,43 @@ pub enum TemplateCommand {
     /// List templates.
     #[command(visible_alias = "ls")]
     List,
+    /// Build a template from a directory with e2b.toml and e2b.Dockerfile (the directory is the build
+    /// context), showing each step and its output. Exits non-zero with the failing step's output.
+    Build(TemplateBuildArgs),
+    /// Delete a template and its builds (refused while sandboxes use it unless --force).
+    #[command(visible_alias = "rm")]
+    Delete {
+        /// Template ID or alias.
+        template: String,
+        /// Delete even if sandboxes use it (they keep running on their layers).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct TemplateBuildArgs {
+    /// Template directory (build context).
+    #[arg(default_value = ".")]
+    pub dir: PathBuf,
+    /// Template name (alias); default: e2b.toml's template_name, else the directory's name.
+    #[arg(long, short = 'n')]
+    pub name: Option<String>,
+    /// Dockerfile to build; default: e2b.toml's dockerfile, else e2b.Dockerfile, else Dockerfile.
+    #[arg(long, short = 'd')]
+    pub dockerfile: Option<PathBuf>,
+    /// Command started in every sandbox of the template (overrides e2b.toml's start_cmd).
+    #[arg(long, short = 'c')]
+    pub start_cmd: Option<String>,
+    /// Command that succeeds once start_cmd is ready (overrides e2b.toml's ready_cmd).
+    #[arg(long)]
+    pub ready_cmd: Option<String>,
+    /// vCPUs of the template's sandboxes (overrides e2b.toml's cpu_count).
+    #[arg(long)]
+    pub cpu_count: Option<u32>,
+    /// Memory of the template's sandboxes in MiB (overrides e2b.toml's memory_mb).
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
 }
 
 #[derive(Debug, Subcommand)]

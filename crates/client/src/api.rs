@@ -239,6 +239,83 @@ impl ApiClient {
             .await
     }
 
+    /// Legacy `POST /templates`: request a Dockerfile build; start it with [`Self::start_dockerfile_build`].
+    pub async fn request_dockerfile_build(
+        &self,
+        body: &warren_proto::api::TemplateBuildRequest,
+    ) -> Result<warren_proto::api::TemplateRequestResponse, ApiError> {
+        self.send_json(self.request(Method::POST, "templates")?.json(body))
+            .await
+    }
+
+    /// `GET /templates/{id}/files/{hash}`: whether an archive is already on the server, or where to put it.
+    pub async fn template_files_link(
+        &self,
+        template_id: &str,
+        hash: &str,
+    ) -> Result<warren_proto::api::TemplateBuildFileUpload, ApiError> {
+        let path = format!(
+            "templates/{}/files/{}",
+            path_segment(template_id),
+            path_segment(hash)
+        );
+        self.send_json(self.request(Method::GET, &path)?).await
+    }
+
+    /// PUTs an archive to the URL [`Self::template_files_link`] handed out.
+    pub async fn upload_template_files(&self, url: &str, archive: Vec<u8>) -> Result<(), ApiError> {
+        let url = url::Url::parse(url).map_err(|source| ApiError::BadUrl {
+            url: url.to_string(),
+            source,
+        })?;
+        self.send(self.http.put(url).body(archive)).await.map(drop)
+    }
+
+    /// Legacy `POST /templates/{id}/builds/{buildID}`: start a requested Dockerfile build.
+    pub async fn start_dockerfile_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<(), ApiError> {
+        let path = format!(
+            "templates/{}/builds/{}",
+            path_segment(template_id),
+            path_segment(build_id)
+        );
+        self.send(self.request(Method::POST, &path)?)
+            .await
+            .map(drop)
+    }
+
+    /// `GET /templates/{id}/builds/{buildID}/status?logsOffset=N`.
+    pub async fn template_build_status(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        logs_offset: usize,
+    ) -> Result<warren_proto::api::TemplateBuildInfo, ApiError> {
+        let path = format!(
+            "templates/{}/builds/{}/status",
+            path_segment(template_id),
+            path_segment(build_id)
+        );
+        self.send_json(
+            self.request(Method::GET, &path)?
+                .query(&[("logsOffset", logs_offset.to_string())]),
+        )
+        .await
+    }
+
+    /// `DELETE /templates/{id}[?force=true]`.
+    pub async fn delete_template(&self, template_id: &str, force: bool) -> Result<(), ApiError> {
+        let path = format!("templates/{}", path_segment(template_id));
+        let mut request = self.request(Method::DELETE, &path)?;
+        if force {
+            request = request.query(&[("force", "true")]);
+        }
+        self.send(request).await.map(drop)
+    }
+
     fn request(&self, method: Method, path: &str) -> Result<RequestBuilder, ApiError> {
         let url = self.base.join(path).map_err(|source| ApiError::BadUrl {
             url: format!("{}{path}", self.base),

@@ -96,7 +96,7 @@ impl Server {
         let metrics = Arc::new(Metrics::new());
         let lifecycle = Arc::new(Lifecycle::new(
             store,
-            runtime,
+            Arc::clone(&runtime),
             config.clone(),
             Arc::clone(&metrics),
         ));
@@ -120,9 +120,22 @@ impl Server {
         let proxy_addr = proxy_listener.local_addr().map_err(ServeError::Http)?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let build_service = Arc::new(templates::build::service::BuildService::new(
+            Arc::clone(&runtime),
+            Arc::new(templates::build::agent_commands::EnvdCommands::new()),
+            templates::build::runner::BuildSettings::new(&config.state_dir),
+            Some(config.base_rootfs.clone()),
+        ));
+        let builds = Arc::new(templates::builds::TemplateBuilds::new(
+            build_service,
+            Arc::clone(lifecycle.store()),
+            config.default_resources.clone(),
+            config.state_dir.clone(),
+        ));
         let app = api::router(api::AppState {
             lifecycle: Arc::clone(&lifecycle),
             metrics: Arc::clone(&metrics),
+            builds,
         });
         let mut api_shutdown = shutdown_rx.clone();
         let api_task = tokio::spawn(async move {

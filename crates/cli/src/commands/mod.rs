@@ -29,6 +29,8 @@ pub enum CommandError {
     Server(#[from] up::UpError),
     #[error(transparent)]
     Key(#[from] key::KeyError),
+    #[error(transparent)]
+    Template(#[from] template::TemplateError),
 }
 
 impl CommandError {
@@ -38,6 +40,7 @@ impl CommandError {
             CommandError::Envd(err) => exit_code::for_kind(err.kind()),
             CommandError::Usage(_) => exit_code::USAGE,
             CommandError::Key(err) => err.exit_code(),
+            CommandError::Template(_) => exit_code::ERROR,
             CommandError::Terminal(_) | CommandError::Output(_) | CommandError::Server(_) => {
                 exit_code::ERROR
             }

@@ -74,3 +74,116 @@ pub struct TemplateWithBuilds {
     pub template: Template,
     pub builds: Vec<TemplateBuild>,
 }
+
+/// `POST /v3/templates` body: request a build of template `name` (SDK Template builder).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildRequestV3 {
+    /// `name` or `name:tag`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Older SDKs send `alias`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tags: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(
+        default,
+        rename = "minFreeDiskMB",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub min_free_disk_mb: Option<u64>,
+}
+
+/// Answer to a build request (`TemplateRequestResponseV3`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateRequestResponse {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub public: bool,
+    pub names: Vec<String>,
+    pub tags: Vec<String>,
+    pub aliases: Vec<String>,
+}
+
+/// Legacy `POST /templates` body: a Dockerfile build. `contextHash` (Warren) names an archive of the
+/// build context uploaded through `GET`/`PUT /templates/{id}/files/{hash}` before the build starts.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildRequest {
+    pub dockerfile: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_cmd: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_count: Option<u32>,
+    #[serde(default, rename = "memoryMB", skip_serializing_if = "Option::is_none")]
+    pub memory_mb: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_hash: Option<String>,
+}
+
+/// `GET /templates/{id}/files/{hash}`: whether the archive is already here and where to PUT it if not.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateBuildFileUpload {
+    pub present: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
+}
+
+/// `GET /templates/aliases/{alias}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateAliasResponse {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    pub public: bool,
+}
+
+/// One build log entry as the status endpoint sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BuildLogEntry {
+    pub timestamp: DateTime<Utc>,
+    /// `debug`, `info`, `warn` or `error`.
+    pub level: String,
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+}
+
+/// Why a build failed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BuildStatusReason {
+    pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    #[serde(default)]
+    pub log_entries: Vec<BuildLogEntry>,
+}
+
+/// `GET /templates/{id}/builds/{buildID}/status` (`TemplateBuildInfo`), as clients read it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TemplateBuildInfo {
+    #[serde(rename = "templateID")]
+    pub template_id: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    pub status: TemplateBuildStatus,
+    #[serde(default)]
+    pub logs: Vec<String>,
+    #[serde(default)]
+    pub log_entries: Vec<BuildLogEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<BuildStatusReason>,
+}

@@ -96,6 +96,7 @@ impl From<LifecycleError> for ApiError {
             },
             LifecycleError::Runtime { .. }
             | LifecycleError::AgentInit { .. }
+            | LifecycleError::TemplateStart { .. }
             | LifecycleError::Store(_) => ApiError::internal(&error),
         }
     }

@@ -17,11 +17,13 @@ pub use meta::OPENAPI_JSON;
 
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
+use crate::templates::builds::TemplateBuilds;
 
 #[derive(Clone)]
 pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub metrics: Arc<Metrics>,
+    pub builds: Arc<TemplateBuilds>,
 }
 
 pub fn router(state: AppState) -> Router {

@@ -1,21 +1,84 @@
-//! `/templates`: list and get.
+//! `/templates`: list, get, delete, and builds (request, upload context files, start, status).
 
-use axum::extract::{Path, State};
-use axum::http::StatusCode;
-use axum::routing::get;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, TimeZone, Utc};
 use warren_proto::api;
 
 use super::auth::Authenticated;
 use super::error::ApiError;
+use super::extract::{ApiJson, OptionalJson, QueryPairs};
 use super::AppState;
 use crate::store::{Millis, TemplateRecord};
+use crate::templates::build::job::{LogLevel, TemplateBuildInfo};
+use crate::templates::build::sdk_template::TemplateBuildStartV2;
+use crate::templates::builds::{BuildRequest, BuildsError, DockerfileBuild, RequestedBuild};
+
+/// Largest build-context archive accepted by `PUT /templates/{id}/files/{hash}`.
+const MAX_UPLOAD_BYTES: usize = 1 << 30;
 
 pub fn router() -> Router<AppState> {
     Router::new()
-        .route("/templates", get(list))
-        .route("/templates/{id}", get(get_one).delete(delete_one))
+        .route("/templates", get(list).post(request_dockerfile_build))
+        .route("/templates/{id}", get(get_one).delete(delete))
+        .route("/templates/aliases/{alias}", get(alias))
+        .route("/v3/templates", post(request_build_v3))
+        .route("/v2/templates", post(request_build_v3))
+        .route(
+            "/templates/{id}/files/{hash}",
+            get(upload_link)
+                .put(upload)
+                .layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES)),
+        )
+        .route(
+            "/v2/templates/{id}/builds/{build_id}",
+            post(start_sdk_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build_id}",
+            post(start_dockerfile_build),
+        )
+        .route(
+            "/templates/{id}/builds/{build_id}/status",
+            get(build_status),
+        )
+}
+
+impl From<BuildsError> for ApiError {
+    fn from(error: BuildsError) -> Self {
+        use crate::templates::build::service::ServiceError;
+        use crate::templates::build::uploads::UploadError;
+        use crate::templates::build::versions::VersionError;
+        match &error {
+            BuildsError::TemplateNotFound(_) | BuildsError::BuildNotFound { .. } => {
+                ApiError::not_found(error.to_string())
+            }
+            BuildsError::AlreadyStarted(_) | BuildsError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, error.to_string())
+            }
+            BuildsError::BuiltIn(_) => ApiError::new(StatusCode::CONFLICT, error.to_string()),
+            BuildsError::BadRequest(_)
+            | BuildsError::Upload(UploadError::BadHash(_) | UploadError::UnsafePath { .. })
+            | BuildsError::Version(VersionError::BadId(_)) => {
+                ApiError::bad_request(error.to_string())
+            }
+            BuildsError::Service(service) => match service {
+                ServiceError::Toml(_)
+                | ServiceError::Context(_)
+                | ServiceError::Dockerfile(_)
+                | ServiceError::Sdk(_)
+                | ServiceError::NoDockerfile(_) => ApiError::bad_request(error.to_string()),
+                ServiceError::AlreadyRunning { .. } => {
+                    ApiError::new(StatusCode::CONFLICT, error.to_string())
+                }
+                _ => ApiError::internal(&error),
+            },
+            _ => ApiError::internal(&error),
+        }
+    }
 }
 
 fn time(millis: Millis) -> DateTime<Utc> {
@@ -64,20 +127,6 @@ async fn list(
 
 /// The SDK's `Sandbox.delete_snapshot` calls this: snapshots are templates in E2B's model. Deleting a
 /// built template is not offered yet.
-async fn delete_one(
-    State(state): State<AppState>,
-    _key: Authenticated,
-    Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    if state.lifecycle.store().get_template(&id).await?.is_some() {
-        return Err(ApiError::new(
-            StatusCode::CONFLICT,
-            format!("template '{id}' is a built template; this server deletes only snapshots here"),
-        ));
-    }
-    super::snapshots::delete_by_id(&state, &id).await
-}
-
 async fn get_one(
     State(state): State<AppState>,
     _key: Authenticated,
@@ -100,5 +149,246 @@ async fn get_one(
     Ok(Json(api::TemplateWithBuilds {
         template: template(&record),
         builds: vec![build],
+    }))
+}
+
+/// `name` or `name:tag` into the name and its tags.
+fn split_tag(name: &str, tags: Option<Vec<String>>) -> (String, Vec<String>) {
+    let mut tags = tags.unwrap_or_default();
+    match name.split_once(':') {
+        Some((name, tag)) => {
+            tags.push(tag.to_string());
+            (name.to_string(), tags)
+        }
+        None => (name.to_string(), tags),
+    }
+}
+
+fn requested(build: RequestedBuild, tags: Vec<String>) -> api::TemplateRequestResponse {
+    api::TemplateRequestResponse {
+        template_id: build.template_id,
+        build_id: build.build_id,
+        public: false,
+        names: build.aliases.clone(),
+        tags,
+        aliases: build.aliases,
+    }
+}
+
+/// `POST /v3/templates` (and `/v2/templates`): hand out the template and build ids of a new build.
+async fn request_build_v3(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    ApiJson(body): ApiJson<api::TemplateBuildRequestV3>,
+) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
+    let Some(name) = body.name.as_deref().or(body.alias.as_deref()) else {
+        return Err(ApiError::bad_request("name is required"));
+    };
+    let (name, tags) = split_tag(name, body.tags);
+    let build = state
+        .builds
+        .request(BuildRequest {
+            name: Some(name),
+            cpu_count: body.cpu_count,
+            memory_mb: body.memory_mb,
+            dockerfile: None,
+        })
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(requested(build, tags))))
+}
+
+/// Legacy `POST /templates`: a Dockerfile build, started with `POST /templates/{id}/builds/{buildID}`.
+async fn request_dockerfile_build(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    ApiJson(body): ApiJson<api::TemplateBuildRequest>,
+) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
+    let build = state
+        .builds
+        .request(BuildRequest {
+            name: body.alias,
+            cpu_count: body.cpu_count,
+            memory_mb: body.memory_mb,
+            dockerfile: Some(DockerfileBuild {
+                dockerfile: body.dockerfile,
+                start_cmd: body.start_cmd,
+                ready_cmd: body.ready_cmd,
+                context_hash: body.context_hash,
+            }),
+        })
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(requested(build, Vec::new()))))
+}
+
+/// `GET /templates/{id}/files/{hash}`: is the archive here, and if not, where to PUT it.
+async fn upload_link(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    headers: HeaderMap,
+    Path((id, hash)): Path<(String, String)>,
+) -> Result<(StatusCode, Json<api::TemplateBuildFileUpload>), ApiError> {
+    let template = state.builds.known_template(&id).await?;
+    if state.builds.files_present(&template.id, &hash).await? {
+        return Ok((
+            StatusCode::CREATED,
+            Json(api::TemplateBuildFileUpload {
+                present: true,
+                url: None,
+            }),
+        ));
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .unwrap_or_else(|| state.lifecycle.config().api_listen.to_string());
+    let token = state.builds.upload_token(&hash);
+    Ok((
+        StatusCode::CREATED,
+        Json(api::TemplateBuildFileUpload {
+            present: false,
+            url: Some(format!(
+                "http://{host}/templates/{}/files/{hash}?token={token}",
+                template.id
+            )),
+        }),
+    ))
+}
+
+/// `PUT /templates/{id}/files/{hash}?token=…`: the archive itself (tar, gzip or not). The token of the
+/// upload link stands in for the API key, which the SDK does not send here.
+async fn upload(
+    State(state): State<AppState>,
+    query: QueryPairs,
+    Path((id, hash)): Path<(String, String)>,
+    body: Bytes,
+) -> Result<StatusCode, ApiError> {
+    state.builds.known_template(&id).await?;
+    let Some(token) = query.get("token").map(str::to_string) else {
+        return Err(ApiError::unauthorized(
+            "upload token missing: ask GET /templates/{id}/files/{hash} for the link",
+        ));
+    };
+    let builds = std::sync::Arc::clone(&state.builds);
+    let stored = tokio::task::spawn_blocking(move || {
+        builds.put_files(&hash, &token, &mut std::io::Cursor::new(body))
+    })
+    .await
+    .map_err(|join| ApiError::internal(&join))??;
+    match stored {
+        Some(_) => Ok(StatusCode::OK),
+        None => Err(ApiError::unauthorized(
+            "upload token unknown, used, or for another hash",
+        )),
+    }
+}
+
+/// `POST /v2/templates/{id}/builds/{buildID}`: start a requested build from the SDK's steps.
+async fn start_sdk_build(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path((id, build_id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<TemplateBuildStartV2>,
+) -> Result<StatusCode, ApiError> {
+    let template = state.builds.known_template(&id).await?;
+    let builds = std::sync::Arc::clone(&state.builds);
+    tokio::task::spawn_blocking(move || builds.start_sdk(&template.id, &build_id, &body))
+        .await
+        .map_err(|join| ApiError::internal(&join))??;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// Legacy `POST /templates/{id}/builds/{buildID}`: start a Dockerfile build.
+async fn start_dockerfile_build(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path((id, build_id)): Path<(String, String)>,
+    OptionalJson(_body): OptionalJson<serde_json::Value>,
+) -> Result<StatusCode, ApiError> {
+    let template = state.builds.known_template(&id).await?;
+    let builds = std::sync::Arc::clone(&state.builds);
+    tokio::task::spawn_blocking(move || builds.start_dockerfile(&template.id, &build_id))
+        .await
+        .map_err(|join| ApiError::internal(&join))??;
+    Ok(StatusCode::ACCEPTED)
+}
+
+/// `GET /templates/{id}/builds/{buildID}/status?logsOffset=&limit=&level=`.
+async fn build_status(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    query: QueryPairs,
+    Path((id, build_id)): Path<(String, String)>,
+) -> Result<Json<TemplateBuildInfo>, ApiError> {
+    let number = |key: &str| -> Result<Option<usize>, ApiError> {
+        query
+            .get(key)
+            .map(|v| {
+                v.parse::<usize>().map_err(|_| {
+                    ApiError::bad_request(format!("{key} must be a non-negative integer"))
+                })
+            })
+            .transpose()
+    };
+    let offset = number("logsOffset")?.unwrap_or(0);
+    let limit = number("limit")?;
+    let level = match query.get("level") {
+        None => None,
+        Some("debug") => Some(LogLevel::Debug),
+        Some("info") => Some(LogLevel::Info),
+        Some("warn") => Some(LogLevel::Warn),
+        Some("error") => Some(LogLevel::Error),
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "level {other:?} is not one of debug, info, warn, error"
+            )))
+        }
+    };
+    let info = state
+        .builds
+        .status(&id, &build_id, offset, limit, level)
+        .await?;
+    Ok(Json(info))
+}
+
+/// `DELETE /templates/{id}[?force=true]`: a built template (refused with 409 while sandboxes use it
+/// unless forced), or else a snapshot of that id.
+async fn delete(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    query: QueryPairs,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let force = match query.get("force") {
+        None | Some("false") | Some("0") => false,
+        Some("true") | Some("1") | Some("") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "force must be true or false, not {other:?}"
+            )))
+        }
+    };
+    match state.builds.delete(&id, force).await {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        // Snapshots are templates to the SDK too.
+        Err(BuildsError::TemplateNotFound(_)) => super::snapshots::delete_by_id(&state, &id).await,
+        Err(other) => Err(other.into()),
+    }
+}
+
+/// `GET /templates/aliases/{alias}`.
+async fn alias(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(alias): Path<String>,
+) -> Result<Json<api::TemplateAliasResponse>, ApiError> {
+    let Some(record) = state.lifecycle.store().get_template(&alias).await? else {
+        return Err(ApiError::not_found(format!(
+            "template alias '{alias}' not found"
+        )));
+    };
+    Ok(Json(api::TemplateAliasResponse {
+        template_id: record.id,
+        public: record.public,
     }))
 }

@@ -54,6 +54,12 @@ pub enum LifecycleError {
         #[source]
         source: AgentInitError,
     },
+    #[error("template start of sandbox {id} failed")]
+    TemplateStart {
+        id: String,
+        #[source]
+        source: crate::templates::build::instantiate::InstantiateError,
+    },
     #[error("store failed")]
     Store(#[from] StoreError),
     #[error("{0}")]
@@ -117,17 +123,31 @@ pub(crate) struct StartSource {
     /// Access token the checkpointed agent still holds, to re-initialise it with.
     pub agent_token: Option<String>,
     pub counts_as_template_spawn: bool,
+    /// A built template without a checkpoint whose start_cmd must run (and ready_cmd pass) in every new
+    /// sandbox, as the build's finalize step did.
+    pub cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
 }
 
-/// The checkpoint a template's build left (its start command running, ready check passed), if any.
-fn template_checkpoint(config: &ServerConfig, template: &TemplateRecord) -> Option<PathBuf> {
+/// How a sandbox of a built template begins: the checkpoint its build left (start command running,
+/// ready check passed), or else the build record when its start command must run at create. Neither
+/// for templates without a build record (the built-in `base`) or without a start command.
+fn template_start(
+    config: &ServerConfig,
+    template: &TemplateRecord,
+) -> (
+    Option<PathBuf>,
+    Option<crate::templates::build::versions::BuiltTemplate>,
+) {
     let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
     match versions.load(&template.id, &template.build_id) {
-        Ok(built) => match built.start {
-            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => Some(dir),
-            _ => None,
+        Ok(built) => match &built.start {
+            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
+                (Some(dir.clone()), None)
+            }
+            _ if built.start_cmd.is_some() => (None, Some(built)),
+            _ => (None, None),
         },
-        Err(_) => None,
+        Err(_) => (None, None),
     }
 }
 
@@ -384,7 +404,7 @@ impl Lifecycle {
     async fn start_source(&self, id_or_alias: &str) -> Result<StartSource, LifecycleError> {
         match self.template(id_or_alias).await {
             Ok(template) => {
-                let checkpoint = template_checkpoint(&self.config, &template);
+                let (checkpoint, cold_start) = template_start(&self.config, &template);
                 Ok(StartSource {
                     template_id: template.id.clone(),
                     alias: (id_or_alias != template.id).then(|| id_or_alias.to_string()),
@@ -395,6 +415,7 @@ impl Lifecycle {
                     checkpoint,
                     agent_token: None,
                     counts_as_template_spawn: true,
+                    cold_start,
                 })
             }
             Err(LifecycleError::TemplateNotFound(name)) => {
@@ -411,6 +432,7 @@ impl Lifecycle {
                     checkpoint: Some(snapshot.dir.clone()),
                     agent_token: snapshot.envd_access_token.clone(),
                     counts_as_template_spawn: false,
+                    cold_start: None,
                 })
             }
             Err(other) => Err(other),
@@ -530,6 +552,18 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
+        if let Err(source) = self.run_template_start(&record, source, &sandbox).await {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
+            }
+            self.fail(&mut record, format!("template start failed: {source}"))
+                .await;
+            return Err(LifecycleError::TemplateStart {
+                id: record.id.clone(),
+                source,
+            });
+        }
         self.transition(
             &mut record,
             SandboxState::Running,
@@ -547,6 +581,35 @@ impl Lifecycle {
         self.metrics
             .sandbox_started(admitted.elapsed().as_secs_f64());
         Ok(record)
+    }
+
+    /// A built template with a start command and no checkpoint: run start_cmd in the new sandbox and
+    /// wait for its ready command, as the build's finalize step did.
+    async fn run_template_start(
+        &self,
+        record: &SandboxRecord,
+        source: &StartSource,
+        sandbox: &Sandbox,
+    ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
+        use crate::templates::build::{agent_commands::EnvdCommands, instantiate};
+        let Some(built) = source.cold_start.clone() else {
+            return Ok(());
+        };
+        let sandbox = sandbox.clone();
+        let id = sandbox.id.clone();
+        let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
+        let ready_timeout = self
+            .config
+            .agent_init_timeout
+            .max(std::time::Duration::from_secs(60));
+        tokio::task::spawn_blocking(move || {
+            instantiate::run_start_cmd(&commands, &built, &sandbox, ready_timeout).map(drop)
+        })
+        .await
+        .unwrap_or_else(|join| {
+            tracing::error!(sandbox = %id, error = %join, "start_cmd thread panicked");
+            Err(instantiate::InstantiateError::StartExited { id, code: -1 })
+        })
     }
 
     /// Move to `failed`, logging (not returning) a store error: the caller is already reporting one.

@@ -162,6 +162,7 @@ impl Lifecycle {
                 checkpoint: Some(dir.clone()),
                 agent_token: source.envd_access_token.clone(),
                 counts_as_template_spawn: false,
+                cold_start: None,
             },
             Err(error) => {
                 remove_snapshot(&dir).await;

@@ -254,6 +254,8 @@ pub trait Store: Send + Sync {
     async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError>;
     async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
     async fn record_template_spawn(&self, id: &str, now: Millis) -> Result<(), StoreError>;
+    /// Remove the template row; returns whether it existed.
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

@@ -314,6 +314,14 @@ impl Store for SqliteStore {
         Ok(())
     }
 
+    async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM templates WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(

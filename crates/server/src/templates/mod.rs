@@ -1,6 +1,7 @@
 //! Templates: the built-in `base` template and lookups. Template builds (`build`) hang off this module.
 
 pub mod build;
+pub mod builds;
 
 use std::path::Path;
 

@@ -83,6 +83,8 @@ pub trait CommandRunner: Send + Sync {
 #[derive(Debug, Clone)]
 pub struct EnvdCommands {
     agent: ureq::Agent,
+    /// `X-Access-Token` of a sandbox created with `secure` (the server's create path sets it).
+    access_token: Option<String>,
 }
 
 impl Default for EnvdCommands {
@@ -97,7 +99,14 @@ impl EnvdCommands {
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(10))
                 .build(),
+            access_token: None,
         }
+    }
+
+    /// Sends `token` as `X-Access-Token` with every request.
+    pub fn with_access_token(mut self, token: Option<String>) -> EnvdCommands {
+        self.access_token = token;
+        self
     }
 
     fn start(
@@ -130,14 +139,17 @@ impl EnvdCommands {
         let body = encode_envelope(0, &Codec::Proto.encode(&request));
         let auth = base64::engine::general_purpose::STANDARD.encode(format!("{}:", command.user));
         let url = format!("http://{addr}/process.Process/Start");
-        let response = self
+        let mut request = self
             .agent
             .post(&url)
             .set("Content-Type", Codec::Proto.content_type(true))
             .set("Connect-Protocol-Version", "1")
             .set("Authorization", &format!("Basic {auth}"))
-            .set("Keepalive-Ping-Interval", "30")
-            .send_bytes(&body);
+            .set("Keepalive-Ping-Interval", "30");
+        if let Some(token) = &self.access_token {
+            request = request.set("X-Access-Token", token);
+        }
+        let response = request.send_bytes(&body);
         match response {
             Ok(r) => Ok(r.into_reader()),
             Err(ureq::Error::Status(status, r)) => {
@@ -241,7 +253,8 @@ fn error_fields(text: &str) -> Option<(String, String)> {
     ))
 }
 
-/// Reads StartResponse envelopes until the process's end event; returns its exit code.
+/// Reads StartResponse envelopes to the end of the stream; returns the exit code of the process's end
+/// event. Output that arrives after the end event (the agent may flush late) is still delivered.
 fn follow(
     addr: SocketAddr,
     mut reader: Box<dyn Read + Send + Sync>,
@@ -252,12 +265,17 @@ fn follow(
         message: e.to_string(),
     };
     let protocol = |message: String| CommandError::Protocol { addr, message };
+    let mut exit_code: Option<i32> = None;
     loop {
         let mut header = [0u8; 5];
         match reader.read_exact(&mut header) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-                return Err(CommandError::NoEnd { addr })
+                return exit_code.ok_or(CommandError::NoEnd { addr });
+            }
+            Err(e) if exit_code.is_some() => {
+                tracing::debug!(%addr, error = %e, "stream broke after the end event");
+                return exit_code.ok_or(CommandError::NoEnd { addr });
             }
             Err(e) => return Err(transport(e)),
         }
@@ -274,6 +292,9 @@ fn follow(
                 .ok()
                 .and_then(|v| v.get("error").map(|e| e.to_string()))
                 .and_then(|t| error_fields(&t));
+            if let Some(code) = exit_code {
+                return Ok(code);
+            }
             if let Some((code, message)) = error {
                 return Err(CommandError::Rpc {
                     addr,
@@ -291,7 +312,7 @@ fn follow(
             .map_err(|e| protocol(e.to_string()))?;
         match decode_event(response.event) {
             Event::Output(stream, bytes) => on_output(stream, &bytes),
-            Event::End(code) => return Ok(code),
+            Event::End(code) => exit_code = Some(code),
             Event::Other => {}
         }
     }
@@ -396,6 +417,26 @@ mod tests {
                 (OutputStream::Stderr, b"oops\n".to_vec())
             ]
         );
+    }
+
+    #[test]
+    fn output_after_the_end_event_is_kept() {
+        let r = reader(vec![
+            event(end(0, true, "exit status 0")),
+            event(Ev::Data(DataEvent {
+                output: Some(Output::Stdout(b"late\n".to_vec())),
+            })),
+            end_stream("{}"),
+        ]);
+        let mut out = Vec::new();
+        assert_eq!(
+            follow(addr(), r, &mut |_, b| out.extend_from_slice(b)).unwrap(),
+            0
+        );
+        assert_eq!(out, b"late\n");
+        // A stream that just closes after the end event is fine too.
+        let r = reader(vec![event(end(4, true, "exit status 4"))]);
+        assert_eq!(follow(addr(), r, &mut |_, _| {}).unwrap(), 4);
     }
 
     #[test]

@@ -82,7 +82,9 @@ pub fn start_sandbox(
     }
 }
 
-fn run_start_cmd(
+/// Runs start_cmd in `sandbox` and waits until ready_cmd succeeds (the server's create path uses this
+/// for templates whose sandboxes it creates itself).
+pub fn run_start_cmd(
     commands: &dyn CommandRunner,
     built: &BuiltTemplate,
     sandbox: &Sandbox,

@@ -522,26 +522,38 @@ impl<'a> TemplateBuilder<'a> {
         );
         // Stop following start_cmd's output before the snapshot.
         drop(process);
-        if self.runtime.capabilities().checkpoint {
-            let dir = build_dir.join("checkpoint");
-            let info = self
-                .runtime
-                .checkpoint(&sandbox_id, &dir, false)
-                .map_err(|e| finalize(format!("checkpointing the started template: {e}")))?;
-            guard.armed = false;
-            job.log(
-                LogLevel::Info,
-                Some(FINALIZE_STEP),
-                format!("checkpoint written ({} bytes)", info.size_bytes),
-            );
-            Ok(TemplateStart::Checkpoint { dir: info.dir })
-        } else {
+        if !self.runtime.capabilities().checkpoint {
             job.log(
                 LogLevel::Warn,
                 Some(FINALIZE_STEP),
                 "this host cannot checkpoint: sandboxes of this template run start_cmd when created",
             );
-            Ok(TemplateStart::Cold)
+            return Ok(TemplateStart::Cold);
+        }
+        let dir = build_dir.join("checkpoint");
+        match self.runtime.checkpoint(&sandbox_id, &dir, false) {
+            Ok(info) => {
+                guard.armed = false;
+                job.log(
+                    LogLevel::Info,
+                    Some(FINALIZE_STEP),
+                    format!("checkpoint written ({} bytes)", info.size_bytes),
+                );
+                Ok(TemplateStart::Checkpoint { dir: info.dir })
+            }
+            // The template still works without its snapshot: say so and record it cold, never as
+            // checkpointed.
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                job.log(
+                    LogLevel::Warn,
+                    Some(FINALIZE_STEP),
+                    format!(
+                        "checkpoint failed ({e}): recording a cold template, start_cmd runs when sandboxes are created"
+                    ),
+                );
+                Ok(TemplateStart::Cold)
+            }
         }
     }
 }
@@ -593,6 +605,7 @@ mod tests {
         created: Mutex<Vec<SandboxSpec>>,
         destroyed: Mutex<Vec<String>>,
         checkpoint: bool,
+        checkpoint_fails: bool,
     }
 
     impl Runtime for FakeRuntime {
@@ -640,6 +653,9 @@ mod tests {
             dest: &Path,
             _: bool,
         ) -> Result<CheckpointInfo, RuntimeError> {
+            if self.checkpoint_fails {
+                return Err(RuntimeError::Other("criu dump failed".into()));
+            }
             std::fs::create_dir_all(dest).unwrap();
             self.destroyed.lock().unwrap().push(id.into());
             Ok(CheckpointInfo {
@@ -863,6 +879,27 @@ mod tests {
             TemplateStart::Checkpoint { dir } => assert!(dir.ends_with("builds/b2/checkpoint")),
             other => panic!("{other:?}"),
         }
+        // A failing checkpoint leaves an honest cold template, and the sandbox is destroyed.
+        let broken_criu = FakeRuntime {
+            checkpoint: true,
+            checkpoint_fails: true,
+            ..Default::default()
+        };
+        let builder = TemplateBuilder::new(&broken_criu, &commands, setup.settings());
+        let job = BuildJob::new("t1", "b3");
+        let built = builder.build(&plan, "t1", "b3", &job).unwrap();
+        assert_eq!(built.start, TemplateStart::Cold);
+        assert!(job
+            .snapshot()
+            .logs
+            .iter()
+            .any(|e| e.message.contains("checkpoint failed")));
+        assert_eq!(
+            broken_criu.destroyed.lock().unwrap().len(),
+            1,
+            "the finalize sandbox (the RUN is cached)"
+        );
+
         let ran = commands.ran.lock().unwrap().clone();
         let start = ran
             .iter()

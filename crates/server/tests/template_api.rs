@@ -1,0 +1,373 @@
+//! The template build endpoints against a real server on the fake runtime: paths, status codes and
+//! bodies as the E2B SDK's Template builder and the legacy API use them. Real builds (RUN steps in real
+//! sandboxes) are covered by template_build.rs and tests/e2e/test_templates_e2e.py.
+
+mod support;
+
+use hyper::{Method, StatusCode};
+use serde_json::json;
+use support::{send, Harness};
+
+fn assert_error(answer: &support::Answer, status: StatusCode, needle: &str) {
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let body = answer.json();
+    assert_eq!(body["code"], json!(status.as_u16()));
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
+}
+
+async fn request_build(h: &Harness, name: &str) -> serde_json::Value {
+    let answer = h
+        .api(
+            Method::POST,
+            "/v3/templates",
+            Some(json!({"name": name, "cpuCount": 1, "memoryMB": 512})),
+        )
+        .await;
+    assert_eq!(
+        answer.status,
+        StatusCode::ACCEPTED,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    answer.json()
+}
+
+#[tokio::test]
+async fn v3_request_hands_out_ids_and_a_rebuild_keeps_the_template() {
+    let h = Harness::start(false, |_| {}).await;
+    let first = request_build(&h, "web-app:v1").await;
+    let template_id = first["templateID"].as_str().unwrap().to_string();
+    assert_eq!(first["aliases"], json!(["web-app"]));
+    assert_eq!(first["names"], json!(["web-app"]));
+    assert_eq!(first["tags"], json!(["v1"]));
+    assert_eq!(first["public"], json!(false));
+    assert_eq!(first["buildID"].as_str().unwrap().len(), 36);
+
+    let second = request_build(&h, "web-app").await;
+    assert_eq!(second["templateID"], json!(template_id));
+    assert_ne!(second["buildID"], first["buildID"]);
+
+    // The alias resolves, and a requested build is listed as waiting.
+    let alias = h.api(Method::GET, "/templates/aliases/web-app", None).await;
+    assert_eq!(alias.status, StatusCode::OK);
+    assert_eq!(alias.json()["templateID"], json!(template_id));
+    let listed = h.api(Method::GET, "/templates", None).await.json();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["templateID"] == json!(template_id))
+        .expect("the requested template is listed");
+    assert_eq!(entry["buildStatus"], json!("waiting"));
+
+    let status = h
+        .api(
+            Method::GET,
+            &format!(
+                "/templates/{template_id}/builds/{}/status",
+                first["buildID"].as_str().unwrap()
+            ),
+            None,
+        )
+        .await;
+    assert_eq!(status.status, StatusCode::OK);
+    let status = status.json();
+    assert_eq!(status["status"], json!("waiting"));
+    assert_eq!(status["templateID"], json!(template_id));
+    assert_eq!(status["logs"], json!([]));
+    assert_eq!(status["logEntries"], json!([]));
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_build_requests_are_refused_with_clear_errors() {
+    let h = Harness::start(false, |_| {}).await;
+    let post = |body: serde_json::Value| h.api(Method::POST, "/v3/templates", Some(body));
+    assert_error(
+        &post(json!({"cpuCount": 1})).await,
+        StatusCode::BAD_REQUEST,
+        "name",
+    );
+    assert_error(
+        &post(json!({"name": "Bad Name!"})).await,
+        StatusCode::BAD_REQUEST,
+        "invalid template name",
+    );
+    assert_error(
+        &post(json!({"name": "ok", "cpuCount": 0})).await,
+        StatusCode::BAD_REQUEST,
+        "cpuCount",
+    );
+    assert_error(
+        &post(json!({"name": "ok", "memoryMB": 1})).await,
+        StatusCode::BAD_REQUEST,
+        "memoryMB",
+    );
+    assert_error(
+        &post(json!({"name": "base"})).await,
+        StatusCode::CONFLICT,
+        "built-in",
+    );
+    assert_error(
+        &post(json!({"name": 5})).await,
+        StatusCode::BAD_REQUEST,
+        "invalid request body",
+    );
+    // Without a key.
+    let url = format!("{}/v3/templates", h.server.api_url);
+    let answer = send(Method::POST, &url, &[], Some(json!({"name": "x"}))).await;
+    assert_error(&answer, StatusCode::UNAUTHORIZED, "X-API-Key");
+
+    // Legacy request needs a dockerfile.
+    assert_error(
+        &h.api(Method::POST, "/templates", Some(json!({"alias": "x"})))
+            .await,
+        StatusCode::BAD_REQUEST,
+        "dockerfile",
+    );
+    assert_error(
+        &h.api(
+            Method::POST,
+            "/templates",
+            Some(json!({"alias": "x", "dockerfile": "  "})),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "empty",
+    );
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn starting_unknown_or_mismatched_builds() {
+    let h = Harness::start(false, |_| {}).await;
+    let requested = request_build(&h, "starter").await;
+    let id = requested["templateID"].as_str().unwrap();
+    let build = requested["buildID"].as_str().unwrap();
+    let body = json!({"fromImage": "e2bdev/base", "steps": []});
+    assert_error(
+        &h.api(
+            Method::POST,
+            &format!("/v2/templates/nope/builds/{build}"),
+            Some(body.clone()),
+        )
+        .await,
+        StatusCode::NOT_FOUND,
+        "not found",
+    );
+    assert_error(
+        &h.api(
+            Method::POST,
+            &format!("/v2/templates/{id}/builds/00000000-0000-4000-8000-00000000dead"),
+            Some(body.clone()),
+        )
+        .await,
+        StatusCode::NOT_FOUND,
+        "not found",
+    );
+    assert_error(
+        &h.api(
+            Method::POST,
+            &format!("/v2/templates/{id}/builds/{build}"),
+            Some(json!({"steps": "nope"})),
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "invalid request body",
+    );
+    // A v3 request has no Dockerfile: the legacy start refuses it (and leaves it startable).
+    assert_error(
+        &h.api(
+            Method::POST,
+            &format!("/templates/{id}/builds/{build}"),
+            None,
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "without a dockerfile",
+    );
+    let status = h
+        .api(
+            Method::GET,
+            &format!("/templates/{id}/builds/{build}/status"),
+            None,
+        )
+        .await;
+    assert_eq!(status.json()["status"], json!("waiting"));
+    assert_error(
+        &h.api(
+            Method::GET,
+            &format!("/templates/{id}/builds/{build}/status?logsOffset=x"),
+            None,
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "logsOffset",
+    );
+    assert_error(
+        &h.api(
+            Method::GET,
+            &format!("/templates/{id}/builds/{build}/status?level=loud"),
+            None,
+        )
+        .await,
+        StatusCode::BAD_REQUEST,
+        "level",
+    );
+    assert_error(
+        &h.api(
+            Method::GET,
+            &format!("/templates/{id}/builds/00000000-0000-4000-8000-00000000dead/status"),
+            None,
+        )
+        .await,
+        StatusCode::NOT_FOUND,
+        "not found",
+    );
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn file_upload_link_takes_one_upload_then_reports_present() {
+    let h = Harness::start(false, |_| {}).await;
+    let requested = request_build(&h, "files").await;
+    let id = requested["templateID"].as_str().unwrap();
+    let hash = "ab".repeat(32);
+    assert_error(
+        &h.api(Method::GET, &format!("/templates/{id}/files/not-hex"), None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "SHA-256",
+    );
+    let link = h
+        .api(Method::GET, &format!("/templates/{id}/files/{hash}"), None)
+        .await;
+    assert_eq!(link.status, StatusCode::CREATED);
+    let link = link.json();
+    assert_eq!(link["present"], json!(false));
+    let url = link["url"].as_str().unwrap().to_string();
+    assert!(url.contains("token="), "{url}");
+
+    // Without the token, or with a wrong one: refused.
+    let bare = format!("{}/templates/{id}/files/{hash}", h.server.api_url);
+    assert_error(
+        &send(Method::PUT, &bare, &[], Some(json!("x"))).await,
+        StatusCode::UNAUTHORIZED,
+        "token",
+    );
+    assert_error(
+        &send(
+            Method::PUT,
+            &format!("{bare}?token=wrong"),
+            &[],
+            Some(json!("x")),
+        )
+        .await,
+        StatusCode::UNAUTHORIZED,
+        "token",
+    );
+    // The SDK PUTs to the URL as given, without its API key.
+    let put = send(Method::PUT, &url, &[], Some(json!("archive bytes"))).await;
+    assert_eq!(
+        put.status,
+        StatusCode::OK,
+        "{}",
+        String::from_utf8_lossy(&put.body)
+    );
+    // The token was for one upload.
+    assert_error(
+        &send(Method::PUT, &url, &[], Some(json!("again"))).await,
+        StatusCode::UNAUTHORIZED,
+        "token",
+    );
+    let again = h
+        .api(Method::GET, &format!("/templates/{id}/files/{hash}"), None)
+        .await
+        .json();
+    assert_eq!(again, json!({"present": true}));
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn delete_is_refused_while_sandboxes_use_the_template_unless_forced() {
+    let h = Harness::start(false, |_| {}).await;
+    assert_error(
+        &h.api(Method::DELETE, "/templates/nope", None).await,
+        StatusCode::NOT_FOUND,
+        "not found",
+    );
+    assert_error(
+        &h.api(Method::DELETE, "/templates/base", None).await,
+        StatusCode::CONFLICT,
+        "built-in",
+    );
+    let unused = request_build(&h, "unused").await;
+    let unused_id = unused["templateID"].as_str().unwrap();
+    let deleted = h
+        .api(Method::DELETE, &format!("/templates/{unused_id}"), None)
+        .await;
+    assert_eq!(deleted.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.api(Method::GET, &format!("/templates/{unused_id}"), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+
+    // A template with a live sandbox: mark the requested template ready on the base's layers (the fake
+    // runtime does not build) and start a sandbox from it by alias.
+    let used = request_build(&h, "used").await;
+    let used_id = used["templateID"].as_str().unwrap();
+    let store = h.server.server.lifecycle.store();
+    let mut record = store.get_template(used_id).await.unwrap().unwrap();
+    let base = store.get_template("base").await.unwrap().unwrap();
+    record.layers = base.layers.clone();
+    record.status = "ready".into();
+    store.upsert_template(&record).await.unwrap();
+    let sandbox = h.create(json!({"templateID": "used"})).await;
+    assert_eq!(sandbox["templateID"], json!(used_id));
+
+    assert_error(
+        &h.api(Method::DELETE, "/templates/used", None).await,
+        StatusCode::CONFLICT,
+        "force",
+    );
+    assert_error(
+        &h.api(Method::DELETE, "/templates/used?force=maybe", None)
+            .await,
+        StatusCode::BAD_REQUEST,
+        "force",
+    );
+    let forced = h
+        .api(Method::DELETE, "/templates/used?force=true", None)
+        .await;
+    assert_eq!(forced.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.api(Method::GET, "/templates/aliases/used", None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_openapi_document_describes_the_build_endpoints() {
+    let h = Harness::start(false, |_| {}).await;
+    let url = format!("{}/openapi.json", h.server.api_url);
+    let doc = send(Method::GET, &url, &[], None).await.json();
+    let paths = &doc["paths"];
+    assert!(paths["/v3/templates"]["post"].is_object());
+    assert!(paths["/templates"]["post"].is_object());
+    assert!(paths["/templates/{templateID}"]["delete"].is_object());
+    assert!(paths["/templates/{templateID}/files/{hash}"]["put"].is_object());
+    assert!(paths["/v2/templates/{templateID}/builds/{buildID}"]["post"].is_object());
+    assert!(paths["/templates/{templateID}/builds/{buildID}/status"]["get"].is_object());
+    h.server.stop().await.unwrap();
+}
