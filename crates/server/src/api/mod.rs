@@ -5,6 +5,7 @@ pub mod auth;
 pub mod error;
 pub mod extract;
 mod meta;
+mod paging;
 mod sandboxes;
 mod snapshots;
 mod templates;

@@ -7,21 +7,17 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use chrono::{DateTime, TimeZone, Utc};
 use warren_proto::api::{self, ENVD_VERSION, NEXT_TOKEN_HEADER};
 
 use super::auth::Authenticated;
 use super::error::ApiError;
 use super::extract::{ApiJson, OptionalJson, QueryPairs};
+use super::paging;
 use super::AppState;
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, ResumeOutcome};
 use crate::store::{Millis, SandboxFilter, SandboxRecord};
-
-/// Largest page of `GET /v2/sandboxes`.
-const MAX_PAGE: u32 = 100;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -219,17 +215,7 @@ async fn list_v1(
 }
 
 fn encode_token(record: &SandboxRecord) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}:{}", record.started_at, record.id))
-}
-
-fn decode_token(token: &str) -> Result<(Millis, String), ApiError> {
-    let invalid = || ApiError::bad_request("invalid nextToken");
-    let bytes = URL_SAFE_NO_PAD
-        .decode(token.trim_end_matches('='))
-        .map_err(|_| invalid())?;
-    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
-    let (millis, id) = text.split_once(':').ok_or_else(invalid)?;
-    Ok((millis.parse().map_err(|_| invalid())?, id.to_string()))
+    paging::encode_token(record.started_at, &record.id)
 }
 
 async fn list_v2(
@@ -237,17 +223,7 @@ async fn list_v2(
     _key: Authenticated,
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
-    let limit = match query.get("limit") {
-        None => MAX_PAGE,
-        Some(limit) => match limit.parse::<u32>() {
-            Ok(limit) if (1..=MAX_PAGE).contains(&limit) => limit,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "limit must be between 1 and {MAX_PAGE}, got {limit:?}"
-                )))
-            }
-        },
-    };
+    let limit = paging::limit(&query)?;
     let descending = match query.get("order") {
         None | Some("desc") => true,
         Some("asc") => false,
@@ -273,7 +249,10 @@ async fn list_v2(
         template: query.get("template").map(str::to_string),
         started_after,
         descending,
-        after: query.get("nextToken").map(decode_token).transpose()?,
+        after: query
+            .get("nextToken")
+            .map(paging::decode_token)
+            .transpose()?,
         limit: Some(limit + 1),
     };
     let mut records = state.lifecycle.list(&filter).await?;
@@ -469,17 +448,6 @@ async fn logs(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn next_token_round_trips() {
-        let token = URL_SAFE_NO_PAD.encode("1700000000000:abc");
-        assert_eq!(
-            decode_token(&token).unwrap(),
-            (1_700_000_000_000, "abc".to_string())
-        );
-        assert!(decode_token("!!!").is_err());
-        assert!(decode_token(&URL_SAFE_NO_PAD.encode("nocolon")).is_err());
-    }
 
     #[test]
     fn metadata_filter_is_decoded_twice() {

@@ -7,20 +7,16 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use base64::Engine;
 use chrono::{TimeZone, Utc};
 use warren_proto::api::{self, NEXT_TOKEN_HEADER};
 
 use super::auth::Authenticated;
 use super::error::ApiError;
 use super::extract::{OptionalJson, QueryPairs};
+use super::paging;
 use super::sandboxes::created;
 use super::AppState;
-use crate::store::{Millis, SnapshotFilter, SnapshotRecord};
-
-/// Largest page of `GET /snapshots`.
-const MAX_PAGE: u32 = 100;
+use crate::store::{SnapshotFilter, SnapshotRecord};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -93,17 +89,7 @@ async fn create(
 }
 
 fn encode_token(record: &SnapshotRecord) -> String {
-    URL_SAFE_NO_PAD.encode(format!("{}:{}", record.created_at, record.id))
-}
-
-fn decode_token(token: &str) -> Result<(Millis, String), ApiError> {
-    let invalid = || ApiError::bad_request("invalid nextToken");
-    let bytes = URL_SAFE_NO_PAD
-        .decode(token.trim_end_matches('='))
-        .map_err(|_| invalid())?;
-    let text = String::from_utf8(bytes).map_err(|_| invalid())?;
-    let (millis, id) = text.split_once(':').ok_or_else(invalid)?;
-    Ok((millis.parse().map_err(|_| invalid())?, id.to_string()))
+    paging::encode_token(record.created_at, &record.id)
 }
 
 async fn list(
@@ -111,21 +97,14 @@ async fn list(
     _key: Authenticated,
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
-    let limit = match query.get("limit") {
-        None => MAX_PAGE,
-        Some(limit) => match limit.parse::<u32>() {
-            Ok(limit) if (1..=MAX_PAGE).contains(&limit) => limit,
-            _ => {
-                return Err(ApiError::bad_request(format!(
-                    "limit must be between 1 and {MAX_PAGE}, got {limit:?}"
-                )))
-            }
-        },
-    };
+    let limit = paging::limit(&query)?;
     let filter = SnapshotFilter {
         sandbox_id: query.get("sandboxID").map(str::to_string),
         name: query.get("name").map(str::to_string),
-        after: query.get("nextToken").map(decode_token).transpose()?,
+        after: query
+            .get("nextToken")
+            .map(paging::decode_token)
+            .transpose()?,
         limit: Some(limit + 1),
     };
     let mut records = state.lifecycle.list_snapshots(&filter).await?;
@@ -157,19 +136,4 @@ async fn remove(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     delete_by_id(&state, &id).await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn next_token_round_trips() {
-        let token = URL_SAFE_NO_PAD.encode("1700000000000:snap-a");
-        assert_eq!(
-            decode_token(&token).unwrap(),
-            (1_700_000_000_000, "snap-a".to_string())
-        );
-        assert!(decode_token("%%").is_err());
-    }
 }
