@@ -46,14 +46,32 @@ impl FreezerCgroup {
         }
     }
 
-    /// Freezes and waits until every task is frozen.
-    pub fn freeze(&self) -> Result<(), CheckpointError> {
+    fn request_freeze(&self) -> Result<(), CheckpointError> {
         match self {
-            Self::V1(dir) => write(&dir.join("freezer.state"), "FROZEN")?,
-            Self::V2(dir) => write(&dir.join("cgroup.freeze"), "1")?,
+            Self::V1(dir) => write(&dir.join("freezer.state"), "FROZEN"),
+            Self::V2(dir) => write(&dir.join("cgroup.freeze"), "1"),
         }
+    }
+
+    /// Freezes and waits until every task is frozen.
+    ///
+    /// The v1 freezer sends its freeze request once: a task that missed it (one that was just forked, or
+    /// a vfork parent waiting on its child) leaves the cgroup FREEZING for good. So the request is
+    /// repeated while waiting, and every second the cgroup is thawed for a moment and frozen again,
+    /// which lets such tasks move on to a point where they can be frozen (what runc does too).
+    pub fn freeze(&self) -> Result<(), CheckpointError> {
+        self.request_freeze()?;
         let deadline = Instant::now() + FREEZE_TIMEOUT;
+        let mut polls: u32 = 0;
         while !self.is_frozen()? {
+            polls += 1;
+            if polls.is_multiple_of(500) {
+                self.thaw()?;
+                std::thread::sleep(Duration::from_millis(5));
+                self.request_freeze()?;
+            } else if polls.is_multiple_of(25) {
+                self.request_freeze()?;
+            }
             if Instant::now() > deadline {
                 // Leave it as it was: a half-frozen sandbox would hang its clients.
                 let _ = self.thaw();
