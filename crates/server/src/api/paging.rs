@@ -26,6 +26,25 @@ pub fn decode_token(token: &str) -> Result<(Millis, String), ApiError> {
     Ok((millis.parse().map_err(|_| invalid())?, id.to_string()))
 }
 
+/// Cuts `records` (fetched with `limit + 1`) to one page; when more remain, the returned headers carry
+/// the token of the page's last row in `X-Next-Token`.
+pub fn trim_page<T>(
+    records: &mut Vec<T>,
+    limit: u32,
+    token: impl Fn(&T) -> String,
+) -> axum::http::HeaderMap {
+    let mut headers = axum::http::HeaderMap::new();
+    if records.len() > limit as usize {
+        records.truncate(limit as usize);
+        if let Some(last) = records.last() {
+            if let Ok(value) = axum::http::HeaderValue::from_str(&token(last)) {
+                headers.insert(warren_proto::api::NEXT_TOKEN_HEADER, value);
+            }
+        }
+    }
+    headers
+}
+
 /// `limit` from the query: 1..=MAX_PAGE, MAX_PAGE when absent.
 pub fn limit(query: &QueryPairs) -> Result<u32, ApiError> {
     match query.get("limit") {

@@ -3,12 +3,12 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use chrono::{DateTime, TimeZone, Utc};
-use warren_proto::api::{self, ENVD_VERSION, NEXT_TOKEN_HEADER};
+use warren_proto::api::{self, ENVD_VERSION};
 
 use super::auth::Authenticated;
 use super::error::ApiError;
@@ -256,15 +256,7 @@ async fn list_v2(
         limit: Some(limit + 1),
     };
     let mut records = state.lifecycle.list(&filter).await?;
-    let mut headers = HeaderMap::new();
-    if records.len() > limit as usize {
-        records.truncate(limit as usize);
-        if let Some(last) = records.last() {
-            if let Ok(value) = HeaderValue::from_str(&encode_token(last)) {
-                headers.insert(NEXT_TOKEN_HEADER, value);
-            }
-        }
-    }
+    let headers = paging::trim_page(&mut records, limit, encode_token);
     let body: Vec<api::ListedSandbox> = records.iter().map(listed).collect();
     Ok((headers, Json(body)).into_response())
 }

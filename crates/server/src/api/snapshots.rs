@@ -3,12 +3,12 @@
 //! router hands snapshot ids to [`delete_by_id`].)
 
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use chrono::{TimeZone, Utc};
-use warren_proto::api::{self, NEXT_TOKEN_HEADER};
+use warren_proto::api;
 
 use super::auth::Authenticated;
 use super::error::ApiError;
@@ -108,15 +108,7 @@ async fn list(
         limit: Some(limit + 1),
     };
     let mut records = state.lifecycle.list_snapshots(&filter).await?;
-    let mut headers = HeaderMap::new();
-    if records.len() > limit as usize {
-        records.truncate(limit as usize);
-        if let Some(last) = records.last() {
-            if let Ok(value) = HeaderValue::from_str(&encode_token(last)) {
-                headers.insert(NEXT_TOKEN_HEADER, value);
-            }
-        }
-    }
+    let headers = paging::trim_page(&mut records, limit, encode_token);
     let body: Vec<api::SnapshotInfo> = records.iter().map(info).collect();
     Ok((headers, Json(body)).into_response())
 }
