@@ -222,6 +222,18 @@ def bench_create(rep: Report, n: int, overlay: Overlay | None) -> float:
     return pct(samples, 50)
 
 
+def create_p50_only(n: int) -> float:
+    """Sequential create p50 without a table row: the baseline that fork and the concurrent creates need."""
+    from e2b import Sandbox
+    samples = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(template="base", timeout=120)
+        samples.append((time.perf_counter() - t0) * 1000)
+        sbx.kill()
+    return pct(samples, 50)
+
+
 def bench_exec(rep: Report, n: int) -> None:
     import httpx
     from e2b import Sandbox
@@ -478,6 +490,9 @@ def print_table(rep: Report) -> str:
     return "\n".join(lines)
 
 
+SECTIONS = {"create", "exec", "files", "pause", "fork", "density", "list"}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--warren", type=Path, required=True, help="the warren binary (release build)")
@@ -490,6 +505,8 @@ def main() -> int:
     ap.add_argument("--list-sandboxes", type=int, default=1000)
     ap.add_argument("--file-mib", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
+    ap.add_argument("--only", default="", help="comma-separated sections to run "
+                    "(create,exec,files,pause,fork,density,list); default: all")
     args = ap.parse_args()
     if args.quick:
         args.creates, args.execs, args.concurrent, args.threads, args.list_sandboxes = 10, 50, 20, 5, 40
@@ -500,25 +517,46 @@ def main() -> int:
     if not BASE_ROOTFS.is_dir():
         print(f"SKIP: base rootfs {BASE_ROOTFS} missing (run scripts/setup)")
         return 0
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    unknown = only - SECTIONS
+    if unknown:
+        ap.error(f"unknown section(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(SECTIONS))}")
+
+    def want(section: str) -> bool:
+        return not only or section in only
+
     rep = Report()
     started = time.time()
     overlay = Overlay(BASE_ROOTFS)
     warren = Warren(args.warren, args.agent, max(args.concurrent, args.list_sandboxes) + 20)
     try:
-        print("== create", flush=True)
-        create_p50 = bench_create(rep, args.creates, overlay)
-        print("== exec round trip", flush=True)
-        bench_exec(rep, args.execs)
-        print("== files", flush=True)
-        bench_files(rep, args.file_mib)
-        print("== pause/resume", flush=True)
-        bench_pause_resume(rep, [10, 100, 500] if not args.quick else [10])
-        print("== fork", flush=True)
-        bench_fork(rep, 10 if not args.quick else 2, create_p50)
-        print("== concurrent creates + density", flush=True)
-        running = bench_concurrent_density(rep, args.concurrent, args.threads, create_p50, overlay)
-        print("== list", flush=True)
-        bench_list(rep, running, args.list_sandboxes, 100)
+        create_p50 = None
+        if want("create"):
+            print("== create", flush=True)
+            create_p50 = bench_create(rep, args.creates, overlay)
+        if want("exec"):
+            print("== exec round trip", flush=True)
+            bench_exec(rep, args.execs)
+        if want("files"):
+            print("== files", flush=True)
+            bench_files(rep, args.file_mib)
+        if want("pause"):
+            print("== pause/resume", flush=True)
+            bench_pause_resume(rep, [10, 100, 500] if not args.quick else [10])
+        if want("fork") and create_p50 is None:
+            create_p50 = create_p50_only(10)
+        if want("fork"):
+            print("== fork", flush=True)
+            bench_fork(rep, 10 if not args.quick else 2, create_p50)
+        running = []
+        if create_p50 is None and (want("fork") or want("density") or want("list")):
+            create_p50 = create_p50_only(10)
+        if want("density") or want("list"):
+            print("== concurrent creates + density", flush=True)
+            running = bench_concurrent_density(rep, args.concurrent, args.threads, create_p50, overlay)
+        if want("list"):
+            print("== list", flush=True)
+            bench_list(rep, running, args.list_sandboxes, 100)
         kill_all(running)
     finally:
         warren.stop()
