@@ -204,15 +204,22 @@ def mem_available_kib() -> int:
 # ------------------------------------------------------------------------------------------ benchmarks
 
 
-def bench_create(rep: Report, n: int, overlay: Overlay | None) -> float:
+def create_samples(n: int, first_command: bool) -> list[float]:
+    """Milliseconds of `n` sequential creates (each up to its first answered command if asked), killed after."""
     from e2b import Sandbox
     samples = []
     for _ in range(n):
         t0 = time.perf_counter()
         sbx = Sandbox.create(template="base", timeout=120)
-        sbx.commands.run("true")
+        if first_command:
+            sbx.commands.run("true")
         samples.append((time.perf_counter() - t0) * 1000)
         sbx.kill()
+    return samples
+
+
+def bench_create(rep: Report, n: int, overlay: Overlay | None) -> float:
+    samples = create_samples(n, first_command=True)
     floor = [overlay.run_once(["/bin/true"]) * 1000 for _ in range(min(n, 50))] if overlay else []
     p50f = pct(floor, 50) if floor else None
     rep.add(Row("create -> first command p50 (cold base)", pct(samples, 50), "ms", p50f,
@@ -224,14 +231,7 @@ def bench_create(rep: Report, n: int, overlay: Overlay | None) -> float:
 
 def create_p50_only(n: int) -> float:
     """Sequential create p50 without a table row: the baseline that fork and the concurrent creates need."""
-    from e2b import Sandbox
-    samples = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        sbx = Sandbox.create(template="base", timeout=120)
-        samples.append((time.perf_counter() - t0) * 1000)
-        sbx.kill()
-    return pct(samples, 50)
+    return pct(create_samples(n, first_command=False), 50)
 
 
 def bench_exec(rep: Report, n: int) -> None:
@@ -543,14 +543,12 @@ def main() -> int:
         if want("pause"):
             print("== pause/resume", flush=True)
             bench_pause_resume(rep, [10, 100, 500] if not args.quick else [10])
-        if want("fork") and create_p50 is None:
+        if create_p50 is None and (want("fork") or want("density") or want("list")):
             create_p50 = create_p50_only(10)
         if want("fork"):
             print("== fork", flush=True)
             bench_fork(rep, 10 if not args.quick else 2, create_p50)
         running = []
-        if create_p50 is None and (want("fork") or want("density") or want("list")):
-            create_p50 = create_p50_only(10)
         if want("density") or want("list"):
             print("== concurrent creates + density", flush=True)
             running = bench_concurrent_density(rep, args.concurrent, args.threads, create_p50, overlay)
