@@ -295,8 +295,9 @@ impl LinuxRuntime {
     /// Waits until the agent accepts TCP connections, or fails with the tail of its log.
     fn wait_for_agent(&self, record: &SandboxRecord, disk: &LayerDisk) -> Result<(), RuntimeError> {
         let addr = SocketAddr::from((record.ip, AGENT_PORT));
-        let deadline = Instant::now() + self.config.agent_timeout;
-        let mut pause = Duration::from_micros(500);
+        let started = Instant::now();
+        let deadline = started + self.config.agent_timeout;
+        let mut pause = Duration::from_micros(250);
         loop {
             if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
                 return Ok(());
@@ -325,7 +326,14 @@ impl LinuxRuntime {
                 )));
             }
             std::thread::sleep(pause);
-            pause = (pause * 2).min(Duration::from_millis(20));
+            // A refused connect on the bridge costs microseconds, so poll tightly while a normal
+            // start is still plausible and back off only for an agent that is slow to come up.
+            let ceiling = if started.elapsed() < Duration::from_millis(200) {
+                Duration::from_millis(1)
+            } else {
+                Duration::from_millis(20)
+            };
+            pause = (pause * 2).min(ceiling);
         }
     }
 

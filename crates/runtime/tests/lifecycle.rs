@@ -19,6 +19,21 @@ fn freeze_thaw_stats_processes_and_kill() {
     let id = sandbox.id.clone();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert_eq!(sandbox.state, RuntimeState::Running);
+        // Once the sandbox is up, its supervisor has re-executed itself as the small `wait` image
+        // and is still the init's parent.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", sandbox.init_pid)).unwrap();
+        let ppid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:"))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .expect("PPid of the init");
+        let cmdline = std::fs::read(format!("/proc/{ppid}/cmdline")).unwrap();
+        let args: Vec<String> = cmdline
+            .split(|b| *b == 0)
+            .map(|a| String::from_utf8_lossy(a).into_owned())
+            .collect();
+        assert_eq!(args.get(1).map(String::as_str), Some("wait"), "{args:?}");
+        assert_eq!(args.get(2), Some(&sandbox.init_pid.to_string()), "{args:?}");
         common::exec(&sandbox, "(sleep 600 >/dev/null 2>&1 &)");
 
         // Processes carry sandbox PIDs, parents inside the sandbox, users from its /etc/passwd.

@@ -1,27 +1,33 @@
 //! `warren-supervisor run <config.json> --status-fd <fd>`: builds one sandbox and supervises its init.
-//! Started by warren-runtime's `LinuxRuntime::create`; not meant to be run by hand.
+//! Started by warren-runtime's `LinuxRuntime::create`; not meant to be run by hand. Once the sandbox
+//! is up, the supervisor re-executes itself as `warren-supervisor wait <init-pid> <sandbox-dir>`,
+//! a small image that only waits for the init and records how it ended.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+const USAGE: &str = "usage: warren-supervisor run <config.json> --status-fd <fd>";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let usage = "usage: warren-supervisor run <config.json> --status-fd <fd>";
-    let (config, status_fd) = match args.as_slice() {
+    let code = match args.as_slice() {
         [_, run, config, flag, fd] if run == "run" && flag == "--status-fd" => {
             match fd.parse::<i32>() {
-                Ok(fd) if fd > 2 => (PathBuf::from(config), fd),
-                _ => {
-                    eprintln!("{usage}");
-                    std::process::exit(2);
+                Ok(fd) if fd > 2 => {
+                    warren_runtime::supervisor::run_supervisor(&PathBuf::from(config), fd)
                 }
+                _ => usage(),
             }
         }
-        _ => {
-            eprintln!("{usage}");
-            std::process::exit(2);
-        }
+        [_, wait, pid, dir] if wait == "wait" => match pid.parse::<u32>() {
+            Ok(pid) if pid > 1 => warren_runtime::supervisor::wait_and_record(pid, Path::new(dir)),
+            _ => usage(),
+        },
+        _ => usage(),
     };
-    std::process::exit(warren_runtime::supervisor::run_supervisor(
-        &config, status_fd,
-    ));
+    std::process::exit(code);
+}
+
+fn usage() -> i32 {
+    eprintln!("{USAGE}");
+    2
 }

@@ -6,10 +6,14 @@ use super::SupervisorConfig;
 use crate::rootfs::sandbox_mounts::{self, AGENT_LOG, AGENT_PATH};
 use crate::{capabilities, namespaces, seccomp};
 use std::ffi::CString;
+use std::io::Read;
+use std::os::fd::OwnedFd;
 
 /// Builds the sandbox and execs the agent. Returns only on failure, with the reason.
-pub(super) fn run_init(config: &SupervisorConfig) -> String {
-    match prepare(config) {
+/// `go` is the read end of the supervisor's pipe: one byte once the network is wired, end of file
+/// if the set-up failed.
+pub(super) fn run_init(config: &SupervisorConfig, go: OwnedFd) -> String {
+    match prepare(config, go) {
         Ok(never) => match never {},
         Err(message) => message,
     }
@@ -17,11 +21,25 @@ pub(super) fn run_init(config: &SupervisorConfig) -> String {
 
 enum Never {}
 
-fn prepare(config: &SupervisorConfig) -> Result<Never, String> {
+fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     for procs in &config.cgroup_procs {
         std::fs::write(procs, "0").map_err(|e| format!("join cgroup {}: {e}", procs.display()))?;
     }
     super::run::phase("init joined its cgroup");
+    let mut signal = [0u8; 1];
+    match std::fs::File::from(go).read(&mut signal) {
+        Ok(1) => {}
+        Ok(_) => return Err("the supervisor gave up before the network was wired".into()),
+        Err(e) => return Err(format!("wait for the network: {e}")),
+    }
+    let netns = namespaces::open(&config.netns_pin).map_err(|e| super::run::error_chain(&e))?;
+    namespaces::join(
+        &netns,
+        &config.netns_pin,
+        nix::sched::CloneFlags::CLONE_NEWNET,
+    )
+    .map_err(|e| super::run::error_chain(&e))?;
+    drop(netns);
     // PID 1 leads its own session (CRIU needs the tree's root to be a session leader).
     nix::unistd::setsid().map_err(|e| format!("setsid: {e}"))?;
     namespaces::unshare_init_namespaces().map_err(|e| super::run::error_chain(&e))?;

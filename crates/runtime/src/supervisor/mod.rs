@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use run::run_supervisor;
+pub use run::{run_supervisor, wait_and_record};
 
 use crate::network::NetworkPlan;
 

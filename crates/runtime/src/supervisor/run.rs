@@ -43,9 +43,11 @@ pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
         Ok(init_pid) => {
             report(&status, &format!("ok {init_pid} {}", std::process::id()));
             drop(status);
-            let code = wait_for_init(init_pid);
-            let _ = std::fs::write(config.sandbox_dir.join("init.exit"), format!("{code}\n"));
-            0
+            // The set-up touched far more memory (config parsing, netlink, CRIU plumbing) than
+            // waiting needs; replacing this image with a fresh one keeps only what waiting uses, so
+            // an idle sandbox costs less. Same PID, so the init stays our child.
+            exec_waiter(init_pid, &config.sandbox_dir);
+            wait_and_record(init_pid, &config.sandbox_dir)
         }
         Err(message) => {
             report(&status, &format!("err {message}"));
@@ -77,21 +79,28 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 }
 
 /// Wires the network and starts the init; returns the init's host PID.
+///
+/// The init is forked first so that its first write to `cgroup.procs`, which waits out a kernel RCU
+/// grace period (about 11 ms here, whatever the hierarchy), overlaps the network set-up instead of
+/// following it. The init then waits on `go` until the network is wired and joins it.
 fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
     phase("config read");
-    setup_network(config).map_err(|e| format!("network: {e}"))?;
-    phase("network wired");
     if let Some(plan) = &config.restore {
+        setup_network(config).map_err(|e| format!("network: {e}"))?;
+        phase("network wired");
         return restore_sandbox(config, plan);
     }
     namespaces::unshare_pid().map_err(|e| error_chain(&e))?;
+    let cloexec = nix::fcntl::OFlag::O_CLOEXEC;
     let (error_read, error_write) =
-        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| format!("error pipe: {e}"))?;
-    // SAFETY: single-threaded process (the netlink runtime was a current-thread one and is gone).
+        nix::unistd::pipe2(cloexec).map_err(|e| format!("error pipe: {e}"))?;
+    let (go_read, go_write) = nix::unistd::pipe2(cloexec).map_err(|e| format!("go pipe: {e}"))?;
+    // SAFETY: single-threaded process (no netlink runtime has been started yet).
     match unsafe { fork() } {
         Ok(ForkResult::Child) => {
             drop(error_read);
-            let failure = init::run_init(config);
+            drop(go_write);
+            let failure = init::run_init(config, go_read);
             let mut pipe = std::fs::File::from(error_write);
             let _ = pipe.write_all(failure.as_bytes());
             // SAFETY: _exit skips destructors and atexit handlers of the copied parent state.
@@ -99,6 +108,15 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
         }
         Ok(ForkResult::Parent { child }) => {
             drop(error_write);
+            drop(go_read);
+            if let Err(e) = setup_network(config) {
+                // Closing `go` unsent tells the init to give up.
+                drop(go_write);
+                let _ = waitpid(child, None);
+                return Err(format!("network: {e}"));
+            }
+            phase("network wired");
+            let _ = std::fs::File::from(go_write).write_all(b"g");
             let mut message = String::new();
             let _ = std::fs::File::from(error_read).read_to_string(&mut message);
             phase("init exec'd the agent");
@@ -183,6 +201,34 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
     })
     .map_err(|e| error_chain(&e))?;
     Ok(())
+}
+
+/// Re-executes this binary as `warren-supervisor wait <init-pid> <sandbox-dir>`. Returns only when
+/// the exec failed, in which case the caller waits in this image instead.
+fn exec_waiter(init_pid: u32, sandbox_dir: &Path) {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let argv0 = std::env::args_os()
+        .next()
+        .and_then(|a| CString::new(a.as_bytes()).ok())
+        .unwrap_or_else(|| c"warren-supervisor".to_owned());
+    let (Ok(pid), Ok(dir)) = (
+        CString::new(init_pid.to_string()),
+        CString::new(sandbox_dir.as_os_str().as_bytes()),
+    ) else {
+        return;
+    };
+    let args = [argv0, c"wait".to_owned(), pid, dir];
+    let Err(e) = nix::unistd::execv(c"/proc/self/exe", &args);
+    eprintln!("exec of the waiter failed ({e}); waiting in the set-up image");
+}
+
+/// Body of `warren-supervisor wait <init-pid> <sandbox-dir>`: waits for the sandbox's init (our
+/// child) and records its exit code in `init.exit`. Returns the process exit code.
+pub fn wait_and_record(init_pid: u32, sandbox_dir: &Path) -> i32 {
+    let code = wait_for_init(init_pid);
+    let _ = std::fs::write(sandbox_dir.join("init.exit"), format!("{code}\n"));
+    0
 }
 
 /// Waits until the init exits; returns its exit code (128 + signal when killed).
