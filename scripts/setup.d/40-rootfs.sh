@@ -9,7 +9,16 @@ dest="$cache/rootfs/debian12-base"
 stamp=".warren-complete"
 mirror=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
+# Adjustments made to a finished rootfs, idempotent, so they also reach a rootfs cached by an older
+# setup. Every command the SDK runs is `bash -l -c ...`, whose /etc/profile forks id(1) just to learn the
+# user ID; bash already knows it as $EUID, so only other shells still fork (saves one process start,
+# ~2 ms here, per command).
+tune() {
+    sed -i 's/"\$(id -u)"/"${EUID:-$(id -u)}"/g' "$1/etc/profile"
+}
+
 if [ -f "$dest/$stamp" ]; then
+    tune "$dest"
     echo "base rootfs present: $dest"
     exit 0
 fi
@@ -33,6 +42,7 @@ mmdebstrap --variant=minbase --mode=root --include="$packages" \
     --customize-hook=': > "$1/etc/machine-id"' \
     bookworm "$tmp/root" "$mirror"
 
+tune "$tmp/root"
 touch "$tmp/root/$stamp"
 # An incomplete earlier attempt (no stamp) is replaced; rename is atomic within one filesystem.
 if [ -e "$dest" ]; then rm -rf "$dest"; fi
