@@ -200,6 +200,7 @@ impl LinuxRuntime {
         dir: &Path,
         restore: Option<(&Path, &Manifest)>,
     ) -> Result<Sandbox, RuntimeError> {
+        let started = Instant::now();
         let ip = match restore {
             Some((_, manifest)) => self.restore_ip(spec, manifest)?,
             None => self.allocate_ip(&spec.id)?,
@@ -208,6 +209,7 @@ impl LinuxRuntime {
             .cgroups
             .create(&spec.id, &spec.resources)
             .map_err(other)?;
+        let cgroups_done = started.elapsed();
         let disk = LayerDisk::at(dir);
         disk.create(
             spec.resources.disk_mib,
@@ -265,6 +267,7 @@ impl LinuxRuntime {
             no_new_privs: self.config.no_new_privs,
             restore: restore_plan,
         };
+        let prepared = started.elapsed();
         let config_path = supervisor_config.write().map_err(other)?;
         let launched = supervisor::launch(
             &self.supervisor_binary,
@@ -285,10 +288,24 @@ impl LinuxRuntime {
             allow_internet: spec.network.allow_internet,
         };
         record.write(dir).map_err(other)?;
+        let launched_at = started.elapsed();
         if restore.is_some() {
+            // The supervisor kept the host side down while CRIU restored the sockets.
+            let host = network::veth_name("wv", ip);
+            network::set_host_link(&host, true)
+                .map_err(|e| RuntimeError::Other(format!("bring {host} up after restore: {e}")))?;
             forget_neighbour(&self.config.bridge, ip);
         }
         self.wait_for_agent(&record, &disk)?;
+        tracing::debug!(
+            sandbox = %spec.id,
+            restore = restore.is_some(),
+            cgroups_ms = cgroups_done.as_secs_f64() * 1e3,
+            layer_ms = (prepared - cgroups_done).as_secs_f64() * 1e3,
+            supervisor_ms = (launched_at - prepared).as_secs_f64() * 1e3,
+            agent_ms = (started.elapsed() - launched_at).as_secs_f64() * 1e3,
+            "sandbox started"
+        );
         Ok(self.sandbox_of(&record))
     }
 
@@ -710,10 +727,17 @@ impl Runtime for LinuxRuntime {
             upper: &upper,
             layers: &record.layers,
         };
-        let dumped = self
-            .checkpointer
-            .dump(&target, dest, leave_running)
-            .map_err(checkpoint_error)?;
+        // The network is locked for the dump by holding the veth's host side down.
+        let host = network::veth_name("wv", record.ip);
+        network::set_host_link(&host, false)
+            .map_err(|e| RuntimeError::Other(format!("lock the network ({host} down): {e}")))?;
+        let dumped = self.checkpointer.dump(&target, dest, leave_running);
+        if leave_running || dumped.is_err() {
+            if let Err(e) = network::set_host_link(&host, true) {
+                tracing::warn!(sandbox = %id, error = %e, "bring {host} up after the checkpoint");
+            }
+        }
+        let dumped = dumped.map_err(checkpoint_error)?;
         tracing::info!(
             sandbox = %id,
             bytes = dumped.info.size_bytes,

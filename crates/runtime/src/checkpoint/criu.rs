@@ -61,6 +61,41 @@ pub struct RestoreArgs<'a> {
     pub cgroup_procs: &'a [PathBuf],
 }
 
+/// Where the CRIU that scripts/setup builds keeps its kernel-feature cache (its RUNDIR): on a tmpfs,
+/// so it goes with a reboot, as CRIU requires. A CRIU built otherwise just does not find it.
+pub const KDAT_DIR: &str = "/dev/shm/warren-criu";
+
+/// Makes `dir` a root-owned directory no one else may write, replacing whatever else is there:
+/// /dev/shm is world-writable, and CRIU (as root) trusts the cache it finds in that directory.
+/// Best effort: without the directory CRIU only probes the kernel on every run.
+fn ensure_kdat_dir(dir: &Path) {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o077 == 0 => return,
+        Ok(meta) if meta.is_dir() => {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(dir);
+        }
+        Err(_) => {}
+    }
+    let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
+    // Someone else may have created it in between (the sticky /dev/shm then keeps it theirs).
+    if let Ok(meta) = std::fs::symlink_metadata(dir) {
+        if !(meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o077 == 0) {
+            tracing::warn!(
+                "{} is not a root-only directory; CRIU's kernel-feature cache there is not to be trusted",
+                dir.display()
+            );
+        }
+    }
+}
+
 impl Criu {
     /// Finds the binary (`$WARREN_CRIU`, then [`DEFAULT_CRIU`], then `criu` on `$PATH`) and checks that
     /// it runs on this kernel.
@@ -103,6 +138,7 @@ impl Criu {
                 "version {version} is too old for this kernel (need 4.x)"
             )));
         }
+        ensure_kdat_dir(Path::new(KDAT_DIR));
         let check = Command::new(binary)
             .arg("check")
             .output()
@@ -276,8 +312,10 @@ fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
         // does, and the dump is retried after a short thaw instead of stalling for CRIU's default 10.
         "--timeout",
         "2",
+        // Warren locks the network itself, by holding the host side of the veth down (see
+        // network::set_host_link); the restore takes the method recorded here.
         "--network-lock",
-        "nftables",
+        "skip",
         "--manage-cgroups=ignore",
         "--ghost-limit",
         GHOST_LIMIT,
@@ -354,6 +392,43 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kdat_dir_ends_up_root_only() {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            println!("SKIP: ensure_kdat_dir only acts as root");
+            return;
+        }
+        let scratch = std::env::temp_dir().join(format!("warren-kdat-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&scratch);
+        std::fs::create_dir(&scratch).unwrap();
+        let root_only = |dir: &Path| {
+            let meta = std::fs::symlink_metadata(dir).unwrap();
+            meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o777 == 0o700
+        };
+        // Missing: created.
+        let dir = scratch.join("kdat");
+        ensure_kdat_dir(&dir);
+        assert!(root_only(&dir));
+        // A directory others may write: replaced, with what it held.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+        std::fs::write(dir.join("criu.kdat"), b"planted").unwrap();
+        ensure_kdat_dir(&dir);
+        assert!(root_only(&dir));
+        assert!(!dir.join("criu.kdat").exists());
+        // A symlink or a file in its place: replaced by a directory.
+        std::fs::remove_dir(&dir).unwrap();
+        std::os::unix::fs::symlink(&scratch, &dir).unwrap();
+        ensure_kdat_dir(&dir);
+        assert!(root_only(&dir));
+        // A good one is left alone, contents and all.
+        std::fs::write(dir.join("criu.kdat"), b"cache").unwrap();
+        ensure_kdat_dir(&dir);
+        assert_eq!(std::fs::read(dir.join("criu.kdat")).unwrap(), b"cache");
+        std::fs::remove_dir_all(&scratch).unwrap();
+    }
+
+    #[test]
     fn version_is_parsed() {
         assert_eq!(parse_version("Version: 4.1.1\n").as_deref(), Some("4.1.1"));
         assert_eq!(
@@ -386,7 +461,7 @@ mod tests {
         assert!(joined.contains("--tree 42"));
         assert!(joined.contains("--external mnt[/.warren/agent]:agent"));
         assert!(joined.contains("--external net[4026532178]:netns"));
-        assert!(joined.contains("--network-lock nftables"));
+        assert!(joined.contains("--network-lock skip"));
         assert!(joined.contains("--leave-running"));
     }
 

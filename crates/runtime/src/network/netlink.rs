@@ -21,6 +21,8 @@ pub enum NetlinkError {
     },
     #[error("link {0} not found")]
     NoLink(String),
+    #[error("netlink thread panicked")]
+    Panicked,
 }
 
 fn errno(error: &rtnetlink::Error) -> i32 {
@@ -136,7 +138,19 @@ impl Netlink {
             .map_err(Self::request(format!("set {name} up")))
     }
 
-    /// Creates the veth pair in one request: `host` here, attached to bridge `bridge_index` and up, and
+    /// Sets link `name` up or down; a link that does not exist is an error.
+    pub async fn set_link_state(&self, name: &str, up: bool) -> Result<(), NetlinkError> {
+        let index = self.require_index(name).await?;
+        let request = self.handle.link().set(index);
+        let request = if up { request.up() } else { request.down() };
+        request.execute().await.map_err(Self::request(format!(
+            "set {name} {}",
+            if up { "up" } else { "down" }
+        )))
+    }
+
+    /// Creates the veth pair in one request: `host` here, attached to bridge `bridge_index` (and up
+    /// unless `held_down`: a restore keeps it down until CRIU is done, see [`super::set_host_link`]), and
     /// its peer directly inside the namespace open at `netns_fd` as `eth0` (no later move or rename,
     /// which would each cost a network-device unregister round).
     pub async fn create_veth_into(
@@ -145,6 +159,7 @@ impl Netlink {
         netns_fd: RawFd,
         bridge_index: u32,
         sandbox_mac: [u8; 6],
+        held_down: bool,
     ) -> Result<u32, NetlinkError> {
         use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkInfo};
         // rtnetlink's veth(a, b) makes b the request's main link (here: the host side, created in this
@@ -170,11 +185,9 @@ impl Netlink {
             .await
             .map_err(Self::request(format!("create veth {host}")))?;
         let index = self.require_index(host).await?;
-        self.handle
-            .link()
-            .set(index)
-            .controller(bridge_index)
-            .up()
+        let attach = self.handle.link().set(index).controller(bridge_index);
+        let attach = if held_down { attach } else { attach.up() };
+        attach
             .execute()
             .await
             .map_err(Self::request(format!("attach {host} to the bridge")))?;

@@ -187,7 +187,13 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
             .ensure_bridge(&plan.bridge, plan.gateway, plan.prefix)
             .await?;
         host_side
-            .create_veth_into(&host, netns.as_raw_fd(), bridge, plan.sandbox_mac())
+            .create_veth_into(
+                &host,
+                netns.as_raw_fd(),
+                bridge,
+                plan.sandbox_mac(),
+                config.restore.is_some(),
+            )
             .await
     })
     .map_err(|e| error_chain(&e))?;
