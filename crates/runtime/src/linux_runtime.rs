@@ -246,7 +246,8 @@ impl LinuxRuntime {
             std::fs::write(&marker, ip.to_string())
                 .map_err(io_error(format!("write {}", marker.display())))?;
         }
-        firewall::apply_egress(ip, &spec.network).map_err(other)?;
+        // nft runs while the supervisor builds the sandbox; it is waited for before create returns.
+        let egress = firewall::apply_egress(ip, &spec.network).map_err(other)?;
         let overlay_options =
             sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
                 .map_err(other)?;
@@ -295,6 +296,9 @@ impl LinuxRuntime {
             network::set_host_link(&host, true)
                 .map_err(|e| RuntimeError::Other(format!("bring {host} up after restore: {e}")))?;
             forget_neighbour(&self.config.bridge, ip);
+        }
+        if let Some(egress) = egress {
+            egress.wait().map_err(other)?;
         }
         self.wait_for_agent(&record, &disk)?;
         tracing::debug!(

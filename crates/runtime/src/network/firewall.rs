@@ -28,26 +28,61 @@ pub enum FirewallError {
 pub const TABLE: &str = "warren";
 
 fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(FirewallError::Spawn)?;
-    if let Some(mut stdin) = child.stdin.take() {
-        stdin
-            .write_all(script.as_bytes())
+    PendingNft::start(what, script)?.wait()
+}
+
+/// An `nft -f -` run that has been started and fed its script but not waited for, so the caller can
+/// do other work while it runs (one process start is ~3 ms on some hosts). Dropping it waits.
+pub struct PendingNft {
+    what: String,
+    child: Option<std::process::Child>,
+}
+
+impl PendingNft {
+    fn start(what: &str, script: &str) -> Result<Self, FirewallError> {
+        let mut child = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
             .map_err(FirewallError::Spawn)?;
-    }
-    let output = child.wait_with_output().map_err(FirewallError::Spawn)?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(FirewallError::Nft {
+        if let Some(mut stdin) = child.stdin.take() {
+            // A script is a few lines, far below a pipe's capacity: this does not block.
+            if let Err(e) = stdin.write_all(script.as_bytes()) {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(FirewallError::Spawn(e));
+            }
+        }
+        Ok(Self {
             what: what.to_string(),
-            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            child: Some(child),
         })
+    }
+
+    /// Waits for nft; its error output names what failed.
+    pub fn wait(mut self) -> Result<(), FirewallError> {
+        let Some(child) = self.child.take() else {
+            return Ok(());
+        };
+        let output = child.wait_with_output().map_err(FirewallError::Spawn)?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(FirewallError::Nft {
+                what: std::mem::take(&mut self.what),
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            })
+        }
+    }
+}
+
+impl Drop for PendingNft {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
     }
 }
 
@@ -112,15 +147,18 @@ pub fn ensure_ruleset(bridge: &str, subnet: &str) -> Result<(), FirewallError> {
 }
 
 /// Grants or withholds internet access for `ip` and applies its egress rules.
-pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<(), FirewallError> {
-    if spec.allow_internet {
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
-        nft(
-            "allow internet",
-            &format!("add element ip {TABLE} internet {{ {ip} }}\n"),
-        )?;
+/// Starts letting `ip` reach the internet if `spec` allows it; the returned run must be waited for
+/// before the sandbox is handed out (until then the default, no internet, holds).
+pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<Option<PendingNft>, FirewallError> {
+    if !spec.allow_internet {
+        return Ok(None);
     }
-    Ok(())
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
+    PendingNft::start(
+        "allow internet",
+        &format!("add element ip {TABLE} internet {{ {ip} }}\n"),
+    )
+    .map(Some)
 }
 
 /// Removes every rule that names `ip`.
