@@ -74,6 +74,9 @@ impl LinuxRuntime {
             }
         }
         let supervisor_binary = config::find_supervisor(config.supervisor_binary.as_deref())?;
+        if config.expedite_rcu {
+            config::expedite_rcu();
+        }
         if !(8..=30).contains(&config.subnet_prefix) {
             return Err(ConfigError::BadSubnet(config.subnet_prefix));
         }

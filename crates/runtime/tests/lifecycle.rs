@@ -19,6 +19,11 @@ fn freeze_thaw_stats_processes_and_kill() {
     let id = sandbox.id.clone();
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         assert_eq!(sandbox.state, RuntimeState::Running);
+        // The runtime (expedite_rcu on by default) switched the kernel to expedited grace periods.
+        match std::fs::read_to_string("/sys/kernel/rcu_expedited") {
+            Ok(value) => assert_eq!(value.trim(), "1", "rcu_expedited after LinuxRuntime::new"),
+            Err(e) => println!("SKIP: rcu_expedited check: {e}"),
+        }
         // Once the sandbox is up, its supervisor has re-executed itself as the small `wait` image
         // and is still the init's parent.
         let status = std::fs::read_to_string(format!("/proc/{}/status", sandbox.init_pid)).unwrap();

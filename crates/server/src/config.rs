@@ -33,6 +33,9 @@ pub struct ServerConfig {
     pub agent_init_timeout: Duration,
     /// Which snapshots the garbage collector keeps.
     pub snapshot_retention: SnapshotRetention,
+    /// Let the runtime switch the host to expedited RCU grace periods (faster creates; see
+    /// `warren_runtime::LinuxRuntimeConfig::expedite_rcu`).
+    pub expedite_rcu: bool,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -115,6 +118,7 @@ impl ServerConfig {
             scheduler_interval: Duration::from_secs(1),
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
+            expedite_rcu: true,
         }
     }
 

@@ -11,6 +11,7 @@ use crate::config::ServerConfig;
 pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigError> {
     let mut runtime_config = LinuxRuntimeConfig {
         state_dir: config.state_dir.clone(),
+        expedite_rcu: config.expedite_rcu,
         ..LinuxRuntimeConfig::default()
     };
     if let Some(agent) = &config.agent_binary {

@@ -69,6 +69,7 @@ fn server_config(
     if let Some(max) = args.max_total_memory_mib {
         config.limits.max_total_memory_mib = max;
     }
+    config.expedite_rcu = !args.keep_rcu_normal;
     config
 }
 
