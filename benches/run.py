@@ -448,7 +448,7 @@ def bench_concurrent_density(rep: Report, total: int, threads: int, create_p50: 
         procs = [subprocess.Popen(["unshare", "--pid", "--mount", "--net", "--fork", "sleep", "600"])
                  for _ in range(20)]
         time.sleep(1)
-        rss = [tree_rss_bytes(p.pid) for p in procs]
+        rss = [tree_pss_bytes(p.pid) for p in procs]
         floor = statistics.mean(rss) / 2**20
         for p in procs:
             p.kill()
@@ -456,22 +456,29 @@ def bench_concurrent_density(rep: Report, total: int, threads: int, create_p50: 
     if per_sandbox:
         rep.add(Row(f"memory per idle sandbox ({len(per_sandbox)} running)",
                     statistics.mean(per_sandbox) / 2**20, "MiB", floor,
-                    "unshare+sleep RSS (tree)", "<= 3 MiB",
-                    note=f"cgroup + supervisor RSS; host MemAvailable delta {host_delta:.1f} MiB each"))
+                    "unshare+sleep PSS (tree)", "<= 3 MiB",
+                    note=f"cgroup + supervisor PSS; host MemAvailable delta {host_delta:.1f} MiB each"))
     else:
         rep.skip("memory per idle sandbox", "no sandbox cgroup found to measure")
     return made
 
 
-def tree_rss_bytes(pid: int) -> int:
-    """RSS of `pid` and all its descendants."""
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of `pid`: its private pages plus its share of pages mapped by several
+    processes. RSS would charge every supervisor the whole text of the binary they all share."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def tree_pss_bytes(pid: int) -> int:
+    """PSS of `pid` and all its descendants."""
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
         try:
-            for line in Path(f"/proc/{p}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    total += int(line.split()[1]) * 1024
+            total += pss_bytes(p)
             for t in Path(f"/proc/{p}/task").iterdir():
                 kids = (t / "children").read_text().split()
                 todo.extend(int(k) for k in kids)
@@ -481,7 +488,7 @@ def tree_rss_bytes(pid: int) -> int:
 
 
 def sandbox_overhead_bytes(sandbox_id: str) -> int | None:
-    """Memory charged to the sandbox's cgroup (v1 or v2) plus its supervisor's RSS on the host."""
+    """Memory charged to the sandbox's cgroup (v1 or v2) plus its supervisor's PSS on the host."""
     charged = None
     for path in (f"/sys/fs/cgroup/memory/warren/{sandbox_id}/memory.usage_in_bytes",
                  f"/sys/fs/cgroup/warren/{sandbox_id}/memory.current"):
@@ -501,9 +508,10 @@ def sandbox_overhead_bytes(sandbox_id: str) -> int | None:
         except OSError:
             continue
         if b"warren-supervisor" in cmd and sandbox_id.encode() in cmd:
-            for line in (proc / "status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    supervisor += int(line.split()[1]) * 1024
+            try:
+                supervisor += pss_bytes(int(proc.name))
+            except OSError:
+                continue
     return charged + supervisor
 
 
