@@ -13,6 +13,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use super::CheckpointError;
+use crate::network::netlink;
 
 /// nftables table holding the rule; named so it can be found.
 const TABLE: &str = "warren_restored_address";
@@ -26,35 +27,47 @@ pub fn ruleset(old: Ipv4Addr) -> String {
 }
 
 /// Prepares the network namespace pinned at `netns` for a checkpoint taken at `old`.
+///
+/// Works from a short-lived thread that joins the namespace (a network namespace is a per-thread
+/// attribute), so the sysctls and the address need no process at all and nft is one child that
+/// inherits the thread's namespace: one process start instead of six through nsenter (~3 ms each on
+/// hosts where starting a process is slow).
 pub fn keep_old_address(netns: &Path, old: Ipv4Addr) -> Result<(), CheckpointError> {
-    let net = format!("--net={}", netns.display());
-    run(
-        Command::new("nsenter").args([
-            net.as_str(),
-            "sysctl",
-            "-qw",
-            "net.ipv4.conf.all.arp_ignore=1",
-            "net.ipv4.conf.all.arp_announce=2",
-        ]),
-        None,
-    )?;
-    let address = format!("{old}/32");
-    run(
-        Command::new("nsenter").args([
-            net.as_str(),
-            "ip",
-            "addr",
-            "add",
-            address.as_str(),
-            "dev",
-            "lo",
-        ]),
-        None,
-    )?;
-    run(
-        Command::new("nsenter").args([net.as_str(), "nft", "-f", "-"]),
-        Some(&ruleset(old)),
-    )
+    let ns = std::fs::File::open(netns).map_err(|source| CheckpointError::Io {
+        context: format!("open {}", netns.display()),
+        source,
+    })?;
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
+                    CheckpointError::Network(format!("join {}: {e}", netns.display()))
+                })?;
+                for (key, value) in [("arp_ignore", "1"), ("arp_announce", "2")] {
+                    let path = format!("/proc/sys/net/ipv4/conf/all/{key}");
+                    std::fs::write(&path, value).map_err(|source| CheckpointError::Io {
+                        context: format!("write {path}"),
+                        source,
+                    })?;
+                }
+                netlink::run(async {
+                    netlink::Netlink::connect()?
+                        .add_address("lo", old, 32)
+                        .await
+                })
+                .map_err(|e| {
+                    CheckpointError::Network(format!(
+                        "add {old}/32 to lo: {}",
+                        crate::supervisor_error_chain(&e)
+                    ))
+                })?;
+                run(Command::new("nft").args(["-f", "-"]), Some(&ruleset(old)))
+            })
+            .join()
+            .unwrap_or(Err(CheckpointError::Network(
+                "address move thread panicked".into(),
+            )))
+    })
 }
 
 fn run(command: &mut Command, input: Option<&str>) -> Result<(), CheckpointError> {

@@ -341,21 +341,26 @@ pub fn prepare_layer(checkpoint: &Path, upper: &Path) -> Result<Manifest, Checkp
 
 /// Sets the hostname in the UTS namespace of `pid` (a fork restored under a new sandbox ID).
 pub fn set_hostname(pid: u32, hostname: &str) -> Result<(), CheckpointError> {
-    let output = std::process::Command::new("nsenter")
-        .args(["--target", &pid.to_string(), "--uts", "hostname", hostname])
-        .output()
-        .map_err(|source| CheckpointError::Io {
-            context: "start nsenter hostname".into(),
-            source,
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(CheckpointError::Invalid(format!(
-            "set hostname of pid {pid}: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+    let path = format!("/proc/{pid}/ns/uts");
+    let ns = std::fs::File::open(&path).map_err(|source| CheckpointError::Io {
+        context: format!("open {path}"),
+        source,
+    })?;
+    // A UTS namespace is per thread: join it from a thread of its own, which then ends.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWUTS)
+                    .and_then(|()| nix::unistd::sethostname(hostname))
+                    .map_err(|e| {
+                        CheckpointError::Invalid(format!("set hostname of pid {pid}: {e}"))
+                    })
+            })
+            .join()
+            .unwrap_or(Err(CheckpointError::Invalid(
+                "hostname thread panicked".into(),
+            )))
+    })
 }
 
 /// How often a dump is tried when CRIU cannot seize a task.

@@ -138,6 +138,22 @@ impl Netlink {
             .map_err(Self::request(format!("set {name} up")))
     }
 
+    /// Adds `address/prefix` to link `name`.
+    pub async fn add_address(
+        &self,
+        name: &str,
+        address: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
+        let index = self.require_index(name).await?;
+        self.handle
+            .address()
+            .add(index, IpAddr::V4(address), prefix)
+            .execute()
+            .await
+            .map_err(Self::request(format!("add {address}/{prefix} to {name}")))
+    }
+
     /// Sets link `name` up or down; a link that does not exist is an error.
     pub async fn set_link_state(&self, name: &str, up: bool) -> Result<(), NetlinkError> {
         let index = self.require_index(name).await?;
