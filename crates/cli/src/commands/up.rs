@@ -117,10 +117,14 @@ fn local_url(addr: SocketAddr) -> String {
     format!("http://{}", SocketAddr::new(ip, addr.port()))
 }
 
-/// Server logs on stderr; `RUST_LOG` overrides the default `info`.
+/// The default log filter: `info`, except the netlink message parser, which warns on every veth
+/// Warren creates that the kernel's IPv6 link attributes are longer than it knows (harmless).
+const DEFAULT_LOG_FILTER: &str = "info,netlink_packet_route=error";
+
+/// Server logs on stderr; `RUST_LOG` overrides [`DEFAULT_LOG_FILTER`].
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     // A second initialisation (only possible in tests) is harmless; ignore it.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
