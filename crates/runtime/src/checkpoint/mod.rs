@@ -107,6 +107,8 @@ pub struct Restored {
     /// Host PID of the restored PID 1.
     pub init_pid: u32,
     pub manifest: Manifest,
+    /// Verifying and unpacking the images into the scratch directory.
+    pub unpack: Duration,
     pub criu: Duration,
     pub total: Duration,
 }
@@ -296,6 +298,7 @@ impl Checkpointer {
         let images = target.work_dir.join(store::IMAGES_DIR);
         remove_if_present(&images)?;
         store::unpack_images(checkpoint, &manifest.images, &images)?;
+        let unpacked = started.elapsed();
         if manifest.ip != target.ip {
             address_move::keep_old_address(target.netns_pin, manifest.ip)?;
         }
@@ -325,6 +328,7 @@ impl Checkpointer {
         Ok(Restored {
             init_pid,
             manifest: manifest.clone(),
+            unpack: unpacked,
             criu: criu_time,
             total: started.elapsed(),
         })

@@ -166,9 +166,10 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         checkpoint::set_hostname(restored.init_pid, &config.id).map_err(|e| error_chain(&e))?;
     }
     eprintln!(
-        "restored {} in {:?} (criu {:?})",
+        "restored {} in {:?} (unpack {:?}, criu {:?})",
         plan.checkpoint.display(),
         restored.total,
+        restored.unpack,
         restored.criu
     );
     Ok(restored.init_pid)
