@@ -149,9 +149,20 @@ pub fn ensure_ruleset(bridge: &str, subnet: &str) -> Result<(), FirewallError> {
 /// Grants or withholds internet access for `ip` and applies its egress rules.
 /// Starts letting `ip` reach the internet if `spec` allows it; the returned run must be waited for
 /// before the sandbox is handed out (until then the default, no internet, holds).
+///
+/// A sandbox without internet also gets its address taken out of the set: an element left behind by
+/// an earlier holder of the address that was never torn down (a crash, a hand-removed state dir)
+/// must not grant it. Adding then deleting in one nft transaction succeeds whether or not the
+/// element was there.
 pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<Option<PendingNft>, FirewallError> {
     if !spec.allow_internet {
-        return Ok(None);
+        return PendingNft::start(
+            "withhold internet",
+            &format!(
+                "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
+            ),
+        )
+        .map(Some);
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
     PendingNft::start(
