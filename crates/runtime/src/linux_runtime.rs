@@ -237,6 +237,10 @@ impl LinuxRuntime {
                     work_dir: dir.join("restore"),
                     criu_binary: criu.binary().to_path_buf(),
                     criu_version: criu.version().to_string(),
+                    // A copy under a new name (template start, fork) is one of many restores of
+                    // the same checkpoint; a resume is the only one of its pause checkpoint.
+                    image_cache: (manifest.sandbox_id != spec.id)
+                        .then(|| self.config.state_dir.join("cache").join("images")),
                 });
             }
             None => disk.seed(&spec.id, ip).map_err(other)?,

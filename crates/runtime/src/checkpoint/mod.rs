@@ -83,6 +83,8 @@ pub struct RestoreTarget<'a> {
     pub cgroup_procs: &'a [PathBuf],
     /// Scratch space for this restore (decompressed images, CRIU's log, pidfile).
     pub work_dir: &'a Path,
+    /// Unpacked-images cache to restore through (see [`store::unpack_images_cached`]).
+    pub image_cache: Option<&'a Path>,
 }
 
 /// Timings of one dump, for logs and benchmarks.
@@ -297,7 +299,12 @@ impl Checkpointer {
         let started = Instant::now();
         let images = target.work_dir.join(store::IMAGES_DIR);
         remove_if_present(&images)?;
-        store::unpack_images(checkpoint, &manifest.images, &images)?;
+        match target.image_cache {
+            Some(cache) => {
+                store::unpack_images_cached(checkpoint, &manifest.images, &images, cache)?
+            }
+            None => store::unpack_images(checkpoint, &manifest.images, &images)?,
+        }
         let unpacked = started.elapsed();
         if manifest.ip != target.ip {
             address_move::keep_old_address(target.netns_pin, manifest.ip)?;

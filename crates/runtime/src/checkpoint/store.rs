@@ -371,6 +371,106 @@ pub fn unpack_images(
     Ok(())
 }
 
+/// Marks a complete entry of the unpacked-images cache.
+const CACHE_COMPLETE: &str = ".complete";
+
+/// The unpacked-images cache is trimmed, oldest-used entries first, to this many bytes.
+pub const IMAGE_CACHE_BYTES: u64 = 4 << 30;
+
+/// Like [`unpack_images`], through `cache`: a directory of image sets that were verified and
+/// unpacked once, keyed by the manifest's checksums. A hit hard-links the cached files into `scratch`
+/// (no decompression, no hashing); a miss unpacks as usual and then keeps the result. Meant for
+/// checkpoints that are restored many times (templates, fork sources); CRIU only reads its images,
+/// so the cached files are never written to through the links. Any cache trouble falls back to the
+/// plain unpack.
+pub fn unpack_images_cached(
+    checkpoint: &Path,
+    files: &[StoredFile],
+    scratch: &Path,
+    cache: &Path,
+) -> Result<(), CheckpointError> {
+    let entry = cache.join(cache_key(files));
+    if entry.join(CACHE_COMPLETE).is_file() && link_files(&entry, files, scratch).is_ok() {
+        // Mark it used, for the trimming order.
+        if let Ok(dir) = File::open(&entry) {
+            let _ = dir.set_modified(std::time::SystemTime::now());
+        }
+        return Ok(());
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+    unpack_images(checkpoint, files, scratch)?;
+    let temp = cache.join(format!(
+        ".fill-{}-{:?}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos()
+    ));
+    let filled = std::fs::create_dir_all(&temp).is_ok()
+        && link_files(scratch, files, &temp).is_ok()
+        && std::fs::write(temp.join(CACHE_COMPLETE), b"").is_ok()
+        && std::fs::rename(&temp, &entry).is_ok();
+    if filled {
+        trim_cache(cache, IMAGE_CACHE_BYTES);
+    } else {
+        // Another restore may have filled the same entry first; either way ours goes.
+        let _ = std::fs::remove_dir_all(&temp);
+    }
+    Ok(())
+}
+
+fn cache_key(files: &[StoredFile]) -> String {
+    let mut hasher = Sha256::new();
+    for file in files {
+        hasher.update(file.name.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(file.sha256.as_bytes());
+        hasher.update(b"\n");
+    }
+    hex::encode(hasher.finalize())
+}
+
+/// Hard-links every image of `files` from `from` into `to` (created if missing).
+fn link_files(from: &Path, files: &[StoredFile], to: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(to)?;
+    for file in files {
+        std::fs::hard_link(from.join(&file.name), to.join(&file.name))?;
+    }
+    Ok(())
+}
+
+/// Removes least recently used entries of `cache` until it holds at most `max_bytes`.
+fn trim_cache(cache: &Path, max_bytes: u64) {
+    let Ok(dir) = std::fs::read_dir(cache) else {
+        return;
+    };
+    let mut entries: Vec<(std::time::SystemTime, u64, PathBuf)> = dir
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_map(|e| {
+            let used = e.metadata().ok()?.modified().ok()?;
+            let bytes = std::fs::read_dir(e.path())
+                .ok()?
+                .flatten()
+                .filter_map(|f| f.metadata().ok())
+                .map(|m| m.len())
+                .sum();
+            Some((used, bytes, e.path()))
+        })
+        .collect();
+    let mut total: u64 = entries.iter().map(|(_, bytes, _)| bytes).sum();
+    entries.sort();
+    for (_, bytes, path) in entries {
+        if total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_dir_all(&path).is_ok() {
+            total = total.saturating_sub(bytes);
+        }
+    }
+}
+
 /// Verifies the layer archive and unpacks it into `upper` (an empty directory).
 pub fn extract_layer(
     checkpoint: &Path,
@@ -430,6 +530,53 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("wt-store-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         dir
+    }
+
+    #[test]
+    fn the_image_cache_serves_verified_copies_and_is_trimmed() {
+        let root = temp("cache");
+        let atomic = AtomicDir::create(&root.join("ckpt")).unwrap();
+        let images = atomic.path().join(IMAGES_DIR);
+        std::fs::create_dir_all(&images).unwrap();
+        std::fs::write(images.join("small.img"), b"tiny").unwrap();
+        std::fs::write(images.join("pages-1.img"), vec![7u8; 1 << 20]).unwrap();
+        let files = pack_images(atomic.path()).unwrap();
+        let ckpt = atomic.commit().unwrap();
+        let cache = root.join("cache");
+
+        // A miss verifies and unpacks, then keeps a complete entry.
+        unpack_images_cached(&ckpt, &files, &root.join("s1"), &cache).unwrap();
+        assert_eq!(
+            std::fs::read(root.join("s1/pages-1.img")).unwrap(),
+            vec![7u8; 1 << 20]
+        );
+        let entry = cache.join(cache_key(&files));
+        assert!(entry.join(CACHE_COMPLETE).is_file());
+
+        // A hit does not read the checkpoint: a replaced stored file goes unnoticed (uncompressed
+        // images are hard links of the stored ones, so replace it rather than write into it)...
+        std::fs::write(root.join("evil"), b"evil").unwrap();
+        std::fs::rename(root.join("evil"), ckpt.join("images/small.img")).unwrap();
+        unpack_images_cached(&ckpt, &files, &root.join("s2"), &cache).unwrap();
+        assert_eq!(std::fs::read(root.join("s2/small.img")).unwrap(), b"tiny");
+        // ...until the entry is incomplete, when the checkpoint is verified again.
+        std::fs::remove_file(entry.join(CACHE_COMPLETE)).unwrap();
+        let err = unpack_images_cached(&ckpt, &files, &root.join("s3"), &cache).unwrap_err();
+        assert!(err.to_string().contains("sha256"), "{err}");
+
+        // Trimming drops the least recently used entries first.
+        for (name, age) in [("old", 100), ("new", 1)] {
+            let dir = cache.join(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(dir.join("pages.img"), vec![0u8; 4096]).unwrap();
+            let when = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            File::open(&dir).unwrap().set_modified(when).unwrap();
+        }
+        let _ = std::fs::remove_dir_all(&entry);
+        trim_cache(&cache, 4096);
+        assert!(!cache.join("old").exists());
+        assert!(cache.join("new").exists());
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]

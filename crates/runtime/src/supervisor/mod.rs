@@ -74,6 +74,10 @@ pub struct RestorePlan {
     /// The CRIU binary and version the runtime probed.
     pub criu_binary: PathBuf,
     pub criu_version: String,
+    /// Cache of verified, unpacked image sets to restore through (a checkpoint that is copied
+    /// again and again: a template's, a fork source's); `None` unpacks from the checkpoint.
+    #[serde(default)]
+    pub image_cache: Option<PathBuf>,
 }
 
 impl SupervisorConfig {

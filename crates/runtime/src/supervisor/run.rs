@@ -158,6 +158,7 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         netns_pin: &config.netns_pin,
         cgroup_procs: &config.cgroup_procs,
         work_dir: &plan.work_dir,
+        image_cache: plan.image_cache.as_deref(),
     };
     let restored = checkpointer
         .restore_processes(&plan.checkpoint, &manifest, &target)

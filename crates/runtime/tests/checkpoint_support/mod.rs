@@ -357,6 +357,7 @@ impl TestSandbox {
             netns_pin: &netns,
             cgroup_procs: &procs,
             work_dir: &work,
+            image_cache: None,
         };
         let restored = checkpointer.restore(checkpoint, &upper, &target)?;
         self.init_pid = restored.init_pid;
