@@ -304,9 +304,7 @@ impl LinuxRuntime {
                 .map_err(|e| RuntimeError::Other(format!("bring {host} up after restore: {e}")))?;
             forget_neighbour(&self.config.bridge, ip);
         }
-        if let Some(egress) = egress {
-            egress.wait().map_err(other)?;
-        }
+        egress.wait().map_err(other)?;
         self.wait_for_agent(&record, &disk)?;
         tracing::debug!(
             sandbox = %spec.id,

@@ -54,6 +54,25 @@ pub fn join(ns: &File, path: &Path, kind: CloneFlags) -> Result<(), NamespaceErr
     })
 }
 
+/// Runs `work` on a short-lived thread that has joined `ns` (of kind `kind`; network and UTS
+/// namespaces are per-thread attributes), so the caller's own namespaces stay as they are. A child
+/// process the thread starts inherits them. `Err` says why the thread could not join or panicked.
+pub fn run_in<T: Send>(
+    ns: &File,
+    kind: CloneFlags,
+    work: impl FnOnce() -> T + Send,
+) -> Result<T, String> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                setns(ns.as_fd(), kind).map_err(|e| format!("join namespace: {e}"))?;
+                Ok(work())
+            })
+            .join()
+            .unwrap_or_else(|_| Err("namespace thread panicked".to_string()))
+    })
+}
+
 /// Creates a network namespace, pins it at `pin` (an existing empty file) and returns the calling
 /// thread to the namespace it was in. Returns the new namespace.
 pub fn create_pinned_netns(pin: &Path) -> Result<File, NamespaceError> {

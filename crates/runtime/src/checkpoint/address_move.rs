@@ -7,13 +7,14 @@
 //! the first time they send and never reach the original sandbox's peers. docs/checkpoints.md has the
 //! evidence.
 
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::Path;
-use std::process::{Command, Stdio};
+
+use nix::sched::CloneFlags;
 
 use super::CheckpointError;
-use crate::network::netlink;
+use crate::namespaces;
+use crate::network::{firewall, netlink};
 
 /// nftables table holding the rule; named so it can be found.
 const TABLE: &str = "warren_restored_address";
@@ -37,76 +38,23 @@ pub fn keep_old_address(netns: &Path, old: Ipv4Addr) -> Result<(), CheckpointErr
         context: format!("open {}", netns.display()),
         source,
     })?;
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|e| {
-                    CheckpointError::Network(format!("join {}: {e}", netns.display()))
-                })?;
-                for (key, value) in [("arp_ignore", "1"), ("arp_announce", "2")] {
-                    let path = format!("/proc/sys/net/ipv4/conf/all/{key}");
-                    std::fs::write(&path, value).map_err(|source| CheckpointError::Io {
-                        context: format!("write {path}"),
-                        source,
-                    })?;
-                }
-                netlink::run(async {
-                    netlink::Netlink::connect()?
-                        .add_address("lo", old, 32)
-                        .await
-                })
-                .map_err(|e| {
-                    CheckpointError::Network(format!(
-                        "add {old}/32 to lo: {}",
-                        crate::supervisor_error_chain(&e)
-                    ))
-                })?;
-                run(Command::new("nft").args(["-f", "-"]), Some(&ruleset(old)))
-            })
-            .join()
-            .unwrap_or(Err(CheckpointError::Network(
-                "address move thread panicked".into(),
-            )))
-    })
-}
-
-fn run(command: &mut Command, input: Option<&str>) -> Result<(), CheckpointError> {
-    let what = format!("{command:?}");
-    let mut child = command
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
+    let moved = namespaces::run_in(&ns, CloneFlags::CLONE_NEWNET, || {
+        for (key, value) in [("arp_ignore", "1"), ("arp_announce", "2")] {
+            let path = format!("/proc/sys/net/ipv4/conf/all/{key}");
+            std::fs::write(&path, value).map_err(|e| format!("write {path}: {e}"))?;
+        }
+        netlink::run(async {
+            netlink::Netlink::connect()?
+                .add_address("lo", old, 32)
+                .await
         })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|source| CheckpointError::Io {
-            context: format!("start {what}"),
-            source,
-        })?;
-    if let (Some(text), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(text.as_bytes())
-            .map_err(|source| CheckpointError::Io {
-                context: format!("feed {what}"),
-                source,
-            })?;
-    }
-    let output = child
-        .wait_with_output()
-        .map_err(|source| CheckpointError::Io {
-            context: format!("wait for {what}"),
-            source,
-        })?;
-    if output.status.success() {
-        Ok(())
-    } else {
-        Err(CheckpointError::Network(format!(
-            "{what}: {}",
-            String::from_utf8_lossy(&output.stderr).trim()
-        )))
-    }
+        .map_err(|e| crate::supervisor_error_chain(&e))?;
+        firewall::nft("drop the old address's outside traffic", &ruleset(old))
+            .map_err(|e| crate::supervisor_error_chain(&e))
+    });
+    moved
+        .and_then(|done| done)
+        .map_err(|e| CheckpointError::Network(format!("keep {old} in {}: {e}", netns.display())))
 }
 
 #[cfg(test)]

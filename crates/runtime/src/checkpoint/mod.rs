@@ -357,21 +357,11 @@ pub fn set_hostname(pid: u32, hostname: &str) -> Result<(), CheckpointError> {
         context: format!("open {path}"),
         source,
     })?;
-    // A UTS namespace is per thread: join it from a thread of its own, which then ends.
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWUTS)
-                    .and_then(|()| nix::unistd::sethostname(hostname))
-                    .map_err(|e| {
-                        CheckpointError::Invalid(format!("set hostname of pid {pid}: {e}"))
-                    })
-            })
-            .join()
-            .unwrap_or(Err(CheckpointError::Invalid(
-                "hostname thread panicked".into(),
-            )))
+    crate::namespaces::run_in(&ns, nix::sched::CloneFlags::CLONE_NEWUTS, || {
+        nix::unistd::sethostname(hostname).map_err(|e| e.to_string())
     })
+    .and_then(|set| set)
+    .map_err(|e| CheckpointError::Invalid(format!("set hostname of pid {pid}: {e}")))
 }
 
 /// How often a dump is tried when CRIU cannot seize a task.

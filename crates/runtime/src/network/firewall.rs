@@ -27,7 +27,8 @@ pub enum FirewallError {
 
 pub const TABLE: &str = "warren";
 
-fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
+/// Runs `nft -f -` on `script` and waits; `what` names it in the error.
+pub(crate) fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
     PendingNft::start(what, script)?.wait()
 }
 
@@ -147,29 +148,27 @@ pub fn ensure_ruleset(bridge: &str, subnet: &str) -> Result<(), FirewallError> {
 }
 
 /// Grants or withholds internet access for `ip` and applies its egress rules.
-/// Starts letting `ip` reach the internet if `spec` allows it; the returned run must be waited for
-/// before the sandbox is handed out (until then the default, no internet, holds).
+/// Starts the nft run that lets `ip` reach the internet if `spec` allows it, and withholds it
+/// otherwise; the run must be waited for before the sandbox is handed out.
 ///
 /// A sandbox without internet also gets its address taken out of the set: an element left behind by
 /// an earlier holder of the address that was never torn down (a crash, a hand-removed state dir)
 /// must not grant it. Adding then deleting in one nft transaction succeeds whether or not the
 /// element was there.
-pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<Option<PendingNft>, FirewallError> {
+pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<PendingNft, FirewallError> {
     if !spec.allow_internet {
         return PendingNft::start(
             "withhold internet",
             &format!(
                 "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
             ),
-        )
-        .map(Some);
+        );
     }
     std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
     PendingNft::start(
         "allow internet",
         &format!("add element ip {TABLE} internet {{ {ip} }}\n"),
     )
-    .map(Some)
 }
 
 /// Removes every rule that names `ip`.
