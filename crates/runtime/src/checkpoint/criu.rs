@@ -70,12 +70,14 @@ pub const KDAT_DIR: &str = "/dev/shm/warren-criu";
 /// Best effort: without the directory CRIU only probes the kernel on every run.
 fn ensure_kdat_dir(dir: &Path) {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    let root_only =
+        |meta: &std::fs::Metadata| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o077 == 0;
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         return;
     }
     match std::fs::symlink_metadata(dir) {
-        Ok(meta) if meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o077 == 0 => return,
+        Ok(meta) if root_only(&meta) => return,
         Ok(meta) if meta.is_dir() => {
             let _ = std::fs::remove_dir_all(dir);
         }
@@ -87,7 +89,7 @@ fn ensure_kdat_dir(dir: &Path) {
     let _ = std::fs::DirBuilder::new().mode(0o700).create(dir);
     // Someone else may have created it in between (the sticky /dev/shm then keeps it theirs).
     if let Ok(meta) = std::fs::symlink_metadata(dir) {
-        if !(meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o077 == 0) {
+        if !root_only(&meta) {
             tracing::warn!(
                 "{} is not a root-only directory; CRIU's kernel-feature cache there is not to be trusted",
                 dir.display()

@@ -532,16 +532,21 @@ mod tests {
         dir
     }
 
-    #[test]
-    fn the_image_cache_serves_verified_copies_and_is_trimmed() {
-        let root = temp("cache");
+    /// A committed checkpoint under `root` holding a tiny raw image and a 1 MiB compressible one.
+    fn packed_checkpoint(root: &Path) -> (PathBuf, Vec<StoredFile>) {
         let atomic = AtomicDir::create(&root.join("ckpt")).unwrap();
         let images = atomic.path().join(IMAGES_DIR);
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("small.img"), b"tiny").unwrap();
         std::fs::write(images.join("pages-1.img"), vec![7u8; 1 << 20]).unwrap();
         let files = pack_images(atomic.path()).unwrap();
-        let ckpt = atomic.commit().unwrap();
+        (atomic.commit().unwrap(), files)
+    }
+
+    #[test]
+    fn the_image_cache_serves_verified_copies_and_is_trimmed() {
+        let root = temp("cache");
+        let (ckpt, files) = packed_checkpoint(&root);
         let cache = root.join("cache");
 
         // A miss verifies and unpacks, then keeps a complete entry.
@@ -582,16 +587,10 @@ mod tests {
     #[test]
     fn images_round_trip_and_corruption_is_caught() {
         let root = temp("images");
-        let atomic = AtomicDir::create(&root.join("ckpt")).unwrap();
-        let images = atomic.path().join(IMAGES_DIR);
-        std::fs::create_dir_all(&images).unwrap();
-        std::fs::write(images.join("small.img"), b"tiny").unwrap();
-        std::fs::write(images.join("pages-1.img"), vec![7u8; 1 << 20]).unwrap();
-        let files = pack_images(atomic.path()).unwrap();
+        let (ckpt, files) = packed_checkpoint(&root);
         let pages = files.iter().find(|f| f.name == "pages-1.img").unwrap();
         assert!(pages.zstd && pages.stored_bytes < 4096, "{pages:?}");
         assert!(!files.iter().find(|f| f.name == "small.img").unwrap().zstd);
-        let ckpt = atomic.commit().unwrap();
         assert!(ckpt.join("images/pages-1.img.zst").exists());
 
         let scratch = root.join("scratch");
