@@ -30,6 +30,7 @@ use std::time::SystemTime;
 pub mod capabilities;
 pub mod cgroups;
 pub mod config;
+pub mod confined;
 mod linux_runtime;
 pub mod namespaces;
 pub mod network;

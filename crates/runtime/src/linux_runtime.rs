@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
 use crate::checkpoint::{self, CheckpointError, Checkpointer, DumpTarget, FreezerCgroup, Manifest};
 use crate::config::{self, ConfigError, LinuxRuntimeConfig};
+use crate::confined::ConfinedDir;
 use crate::network::addresses::AddressPool;
 use crate::network::netlink::{self, Netlink};
 use crate::network::{self, firewall, NetworkPlan};
@@ -330,7 +331,16 @@ impl LinuxRuntime {
             }
             let gone = !record.init_alive();
             if gone || Instant::now() > deadline {
-                let log = std::fs::read_to_string(disk.upper().join(".warren/agent.log"))
+                // The log is on the sandbox's own layer: read it confined (a symlink there must not
+                // pull a host file into the error message; a FIFO must not hang us).
+                let log = ConfinedDir::open_root(&disk.upper())
+                    .and_then(|upper| {
+                        upper.read_tail(
+                            Path::new(sandbox_mounts::AGENT_LOG.trim_start_matches('/')),
+                            16 * 1024,
+                        )
+                    })
+                    .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
                     .unwrap_or_default();
                 let tail: String = log
                     .lines()

@@ -270,3 +270,47 @@ fn internet_access_is_granted_by_rule_only_when_asked() {
         "destroy left the NAT element"
     );
 }
+
+#[test]
+fn host_hardware_and_kernel_details_are_masked() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("masks");
+    let sandbox = runtime
+        .create(&common::spec("wt-masks", vec![base], common::resources()))
+        .expect("create");
+    let _guard = DestroyOnDrop(&runtime, "wt-masks");
+    // Kernel memory layout and slab details read as empty; firmware (ACPI tables) and power capping
+    // show empty directories. The host has them (checked first, so the test means something).
+    for path in ["/proc/slabinfo", "/proc/vmallocinfo"] {
+        assert!(
+            std::fs::metadata(path).is_ok(),
+            "{path} missing on the host"
+        );
+        let out = must_pass(&sandbox, &format!("wc -c < {path}"));
+        assert_eq!(out.trim(), "0", "{path} readable inside");
+    }
+    if std::path::Path::new("/sys/firmware")
+        .read_dir()
+        .is_ok_and(|mut d| d.next().is_some())
+    {
+        let out = must_pass(&sandbox, "ls -A /sys/firmware | wc -l");
+        assert_eq!(out.trim(), "0", "/sys/firmware lists host firmware");
+    }
+    must_fail(&sandbox, "touch /sys/firmware/x");
+    // The root filesystem refuses device nodes (nodev); /dev is the sandbox's own tmpfs.
+    let root = must_pass(
+        &sandbox,
+        "awk '$5 == \"/\" {print $6}' /proc/self/mountinfo",
+    );
+    assert!(root.contains("nodev"), "root mount options: {root}");
+}
+
+struct DestroyOnDrop<'a>(&'a warren_runtime::LinuxRuntime, &'static str);
+
+impl Drop for DestroyOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.destroy(self.1);
+    }
+}

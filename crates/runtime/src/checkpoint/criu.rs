@@ -254,7 +254,7 @@ impl Criu {
                     overlay.as_ptr(),
                     rootfs.as_ptr(),
                     overlay.as_ptr(),
-                    0,
+                    libc::MS_NODEV,
                     options.as_ptr().cast(),
                 ) != 0
                 {

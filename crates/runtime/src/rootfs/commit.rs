@@ -2,12 +2,14 @@
 //! needs to read it back as a lower layer: whiteouts (0:0 character devices), opaque-dir and other
 //! `trusted.overlay.*` xattrs, file capabilities, owners, modes, symlinks and timestamps.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString, OsStr};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use nix::sys::stat::{mknod, Mode, SFlag};
+use nix::sys::stat::{mknod, FileStat, Mode, SFlag};
+
+use crate::confined::{ConfinedDir, ConfinedError, EntryKind};
 
 /// Top-level entries of the upper dir that belong to the runtime, not to the template.
 const RUNTIME_ENTRIES: [&str; 1] = [".warren"];
@@ -22,6 +24,8 @@ pub enum CommitError {
         #[source]
         source: std::io::Error,
     },
+    #[error("read the sandbox's layer")]
+    Source(#[from] ConfinedError),
 }
 
 fn copy_err(path: &Path) -> impl FnOnce(std::io::Error) -> CommitError + '_ {
@@ -39,6 +43,10 @@ fn nix_err(path: &Path) -> impl FnOnce(nix::Error) -> CommitError + '_ {
 }
 
 /// Copies `upper` to `dest` (which must not exist) via a temp dir and a rename; returns bytes copied.
+///
+/// `upper` was written by the sandbox: it is read only through [`ConfinedDir`] (descriptor-relative,
+/// no symlink followed, a directory swapped for a symlink mid-walk refused), so the layer can hold
+/// nothing but the sandbox's own files. `dest` is Warren's own fresh directory.
 pub fn commit_upper(upper: &Path, dest: &Path) -> Result<u64, CommitError> {
     if dest.exists() {
         return Err(CommitError::DestinationExists(dest.to_path_buf()));
@@ -51,79 +59,86 @@ pub fn commit_upper(upper: &Path, dest: &Path) -> Result<u64, CommitError> {
         .unwrap_or_default();
     let temp = parent.join(format!(".{name}.partial-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&temp);
-    let result = copy_tree(upper, &temp, true).and_then(|bytes| {
+    let result = (|| {
+        let source = ConfinedDir::open_root(upper)?;
+        let top = nix::sys::stat::stat(upper).map_err(nix_err(upper))?;
+        std::fs::create_dir(&temp).map_err(copy_err(&temp))?;
+        let bytes = copy_tree(&source, &temp, true)?;
+        let path =
+            CString::new(upper.as_os_str().as_bytes()).map_err(|e| copy_err(upper)(e.into()))?;
+        copy_attributes(&path, &temp, &top)?;
         std::fs::rename(&temp, dest).map_err(copy_err(dest))?;
         Ok(bytes)
-    });
+    })();
     if result.is_err() {
         let _ = std::fs::remove_dir_all(&temp);
     }
     result
 }
 
-fn copy_tree(from: &Path, to: &Path, top: bool) -> Result<u64, CommitError> {
-    let meta = std::fs::symlink_metadata(from).map_err(copy_err(from))?;
-    std::fs::create_dir(to).map_err(copy_err(to))?;
+/// Copies the entries of `from` into the existing directory `to`.
+fn copy_tree(from: &ConfinedDir, to: &Path, top: bool) -> Result<u64, CommitError> {
     let mut bytes = 0;
-    let mut entries: Vec<_> = std::fs::read_dir(from)
-        .map_err(copy_err(from))?
-        .collect::<Result<_, _>>()
-        .map_err(copy_err(from))?;
-    entries.sort_by_key(|e| e.file_name());
-    for entry in entries {
-        let name = entry.file_name();
+    for name in from.entries()? {
         if top && RUNTIME_ENTRIES.iter().any(|r| name == *r) {
             continue;
         }
-        let source = entry.path();
+        let rel = Path::new(&name);
         let target = to.join(&name);
-        let entry_meta = std::fs::symlink_metadata(&source).map_err(copy_err(&source))?;
-        let file_type = entry_meta.file_type();
-        if file_type.is_dir() {
-            bytes += copy_tree(&source, &target, false)?;
-            continue;
-        } else if file_type.is_symlink() {
-            let link = std::fs::read_link(&source).map_err(copy_err(&source))?;
-            std::os::unix::fs::symlink(link, &target).map_err(copy_err(&target))?;
-        } else if file_type.is_file() {
-            bytes += std::fs::copy(&source, &target).map_err(copy_err(&source))?;
-        } else {
-            // Whiteouts (char 0:0), other device nodes, fifos and sockets: recreate the node itself.
-            let kind = SFlag::from_bits_truncate(entry_meta.mode() & libc::S_IFMT);
-            mknod(
-                &target,
-                kind,
-                Mode::from_bits_truncate(entry_meta.mode() & 0o7777),
-                entry_meta.rdev(),
-            )
-            .map_err(nix_err(&target))?;
+        let stat = from.stat(rel)?;
+        match EntryKind::of(&stat) {
+            EntryKind::Dir => {
+                std::fs::create_dir(&target).map_err(copy_err(&target))?;
+                bytes += copy_tree(&from.open_dir(rel)?, &target, false)?;
+            }
+            EntryKind::Symlink => {
+                let link = from.read_link(rel)?;
+                std::os::unix::fs::symlink(link, &target).map_err(copy_err(&target))?;
+            }
+            EntryKind::File => {
+                let mut input = from.open_file(rel)?;
+                let mut output = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(&target)
+                    .map_err(copy_err(&target))?;
+                bytes += std::io::copy(&mut input, &mut output).map_err(copy_err(&target))?;
+            }
+            EntryKind::Special => {
+                // Whiteouts (char 0:0), other device nodes, fifos and sockets: recreate the node itself.
+                let kind = SFlag::from_bits_truncate(stat.st_mode & libc::S_IFMT);
+                mknod(
+                    &target,
+                    kind,
+                    Mode::from_bits_truncate(stat.st_mode & 0o7777),
+                    stat.st_rdev,
+                )
+                .map_err(nix_err(&target))?;
+            }
         }
-        copy_attributes(&source, &target, &entry_meta)?;
+        copy_attributes(&from.entry_path(&name)?, &target, &stat)?;
     }
-    copy_attributes(from, to, &meta)?;
     Ok(bytes)
 }
 
-/// Owner, mode, xattrs and times of `source` onto `target` (symlinks: owner and xattrs only).
-fn copy_attributes(
-    source: &Path,
-    target: &Path,
-    meta: &std::fs::Metadata,
-) -> Result<(), CommitError> {
-    std::os::unix::fs::lchown(target, Some(meta.uid()), Some(meta.gid()))
+/// Owner, mode, xattrs and times of `source` (a path whose last component is not followed) onto
+/// `target` (symlinks: owner and xattrs only).
+fn copy_attributes(source: &CStr, target: &Path, stat: &FileStat) -> Result<(), CommitError> {
+    let symlink = EntryKind::of(stat) == EntryKind::Symlink;
+    std::os::unix::fs::lchown(target, Some(stat.st_uid), Some(stat.st_gid))
         .map_err(copy_err(target))?;
     copy_xattrs(source, target)?;
-    if !meta.file_type().is_symlink() {
+    if !symlink {
         // After chown: chown clears setuid bits, the mode puts them back.
         std::fs::set_permissions(
             target,
-            std::fs::Permissions::from_mode(meta.mode() & 0o7777),
+            std::fs::Permissions::from_mode(stat.st_mode & 0o7777),
         )
         .map_err(copy_err(target))?;
     }
     let times = [
-        nix::sys::time::TimeSpec::new(meta.atime(), meta.atime_nsec()),
-        nix::sys::time::TimeSpec::new(meta.mtime(), meta.mtime_nsec()),
+        nix::sys::time::TimeSpec::new(stat.st_atime, stat.st_atime_nsec),
+        nix::sys::time::TimeSpec::new(stat.st_mtime, stat.st_mtime_nsec),
     ];
     nix::sys::stat::utimensat(
         None,
@@ -136,9 +151,8 @@ fn copy_attributes(
     Ok(())
 }
 
-fn copy_xattrs(source: &Path, target: &Path) -> Result<(), CommitError> {
-    let c_source =
-        CString::new(source.as_os_str().as_bytes()).map_err(|e| copy_err(source)(e.into()))?;
+fn copy_xattrs(c_source: &CStr, target: &Path) -> Result<(), CommitError> {
+    let source = Path::new(OsStr::from_bytes(c_source.to_bytes()));
     let c_target =
         CString::new(target.as_os_str().as_bytes()).map_err(|e| copy_err(target)(e.into()))?;
     let mut names = vec![0u8; 4096];

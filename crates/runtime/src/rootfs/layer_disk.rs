@@ -9,6 +9,7 @@ use std::process::Command;
 use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 use super::loop_device;
+use crate::confined::{ConfinedDir, ConfinedError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum LayerDiskError {
@@ -41,6 +42,8 @@ pub enum LayerDiskError {
         #[source]
         source: std::io::Error,
     },
+    #[error("seed the writable layer")]
+    Confined(#[from] ConfinedError),
 }
 
 /// Paths of one sandbox's writable layer.
@@ -146,28 +149,27 @@ impl LayerDisk {
         Some((total - free, total))
     }
 
-    /// Puts the files the runtime provides into the upper dir: the agent's mount point and log dir,
-    /// hostname and hosts.
+    /// Puts the files the runtime provides into the upper dir: the agent's mount point, hostname and
+    /// hosts (and the host's resolv.conf).
+    ///
+    /// The upper dir is the sandbox's own, written by its root: everything here goes through
+    /// [`ConfinedDir`], so a symlink or hard link the sandbox left at one of these names (or a
+    /// symlinked `/etc` or `/.warren`) is replaced or refused, never followed onto the host.
     pub fn seed(&self, hostname: &str, ip: std::net::Ipv4Addr) -> Result<(), LayerDiskError> {
-        let upper = self.upper();
-        let seed_err = |path: &Path| {
-            let path = path.to_path_buf();
-            move |source| LayerDiskError::Seed { path, source }
-        };
-        let warren = upper.join(".warren");
-        std::fs::create_dir_all(&warren).map_err(seed_err(&warren))?;
-        let agent = warren.join("agent");
-        std::fs::write(&agent, b"").map_err(seed_err(&agent))?;
-        let etc = upper.join("etc");
-        std::fs::create_dir_all(&etc).map_err(seed_err(&etc))?;
-        std::fs::write(etc.join("hostname"), format!("{hostname}\n")).map_err(seed_err(&etc))?;
-        std::fs::write(
-            etc.join("hosts"),
-            format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{ip}\t{hostname}\n"),
-        )
-        .map_err(seed_err(&etc))?;
+        let upper = ConfinedDir::open_root(&self.upper())?;
+        let hosts = format!(
+            "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n{ip}\t{hostname}\n"
+        );
+        let mut files: Vec<(&str, Vec<u8>, u32)> = vec![
+            (".warren/agent", Vec::new(), 0o755),
+            ("etc/hostname", format!("{hostname}\n").into_bytes(), 0o644),
+            ("etc/hosts", hosts.into_bytes(), 0o644),
+        ];
         if let Ok(resolv) = std::fs::read("/etc/resolv.conf") {
-            std::fs::write(etc.join("resolv.conf"), resolv).map_err(seed_err(&etc))?;
+            files.push(("etc/resolv.conf", resolv, 0o644));
+        }
+        for (path, contents, mode) in files {
+            upper.replace_file(Path::new(path), &contents, mode)?;
         }
         Ok(())
     }

@@ -2,6 +2,7 @@
 //! the agent. Every mount here has its source inside the sandbox's rootfs except the overlay's own
 //! layers and the agent binary bind mount at [`AGENT_PATH`] (the one external mount CRIU is told about).
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::symlink;
 use std::path::{Path, PathBuf};
 
@@ -88,23 +89,76 @@ pub fn make_private() -> Result<(), MountError> {
     .map_err(mount_err("private propagation", Path::new("/")))
 }
 
-/// Mounts the overlay at `target` and everything the sandbox needs below it.
-pub fn build_rootfs(
-    target: &Path,
-    overlay_options: &str,
-    agent_binary: &Path,
-) -> Result<(), MountError> {
+/// Mounts the overlay at `target` (before [`pivot_into`]). `nodev`: device nodes on the layers mean
+/// nothing inside; the sandbox's devices live on its own /dev tmpfs. Not `nosuid`: sudo works inside.
+pub fn mount_overlay(target: &Path, overlay_options: &str) -> Result<(), MountError> {
     mount(
         Some("overlay"),
         target,
         Some("overlay"),
-        MsFlags::empty(),
+        MsFlags::MS_NODEV,
         Some(overlay_options),
     )
-    .map_err(mount_err("overlay", target))?;
-    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    .map_err(mount_err("overlay", target))
+}
 
-    let proc = ensure_dir(target, "proc")?;
+/// A detached bind mount of the agent binary (`open_tree(OPEN_TREE_CLONE)`), made before
+/// [`pivot_into`] while the host's tree is still there and attached by [`build_rootfs`] afterwards. A
+/// plain bind from `/proc/self/fd/N` would not do: once the old root is detached, its mounts are no
+/// longer in this mount namespace, and the kernel refuses to bind from them.
+pub fn open_agent(agent_binary: &Path) -> Result<OwnedFd, MountError> {
+    let path = std::ffi::CString::new(agent_binary.as_os_str().as_encoded_bytes())
+        .map_err(|_| MountError::BadLayerPath(agent_binary.to_path_buf()))?;
+    // SAFETY: open_tree reads the NUL-terminated path and returns a new descriptor or -1.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(mount_err("clone agent binary mount", agent_binary)(
+            nix::Error::last(),
+        ));
+    }
+    // SAFETY: open_tree returned a new descriptor that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Attaches the detached mount `tree` at `target`.
+fn attach(tree: &OwnedFd, target: &Path) -> Result<(), MountError> {
+    let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())
+        .map_err(|_| MountError::BadLayerPath(target.to_path_buf()))?;
+    // SAFETY: move_mount reads the two NUL-terminated paths; the descriptor is ours.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_FDCWD,
+            c_target.as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+    };
+    if rc != 0 {
+        return Err(mount_err("agent binary", target)(nix::Error::last()));
+    }
+    Ok(())
+}
+
+/// Mounts everything the sandbox needs below its root, after [`pivot_into`]: proc, sys, /dev, the
+/// agent binary (`agent`, from [`open_agent`]) and the agent's directory.
+///
+/// This runs after the pivot on purpose: the tree below the root is the sandbox's own and may hold
+/// symlinks its root planted (`/proc -> /host/dir`, `/.warren/agent -> /etc/shadow`). With the host's
+/// root detached, every path here resolves inside the sandbox, and no process but this init is in
+/// the mount namespace to race it. Mount points that are not what they must be (a symlink or a file
+/// where a directory goes) are replaced.
+pub fn build_rootfs(agent: &OwnedFd) -> Result<(), MountError> {
+    let nosuid_nodev_noexec = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let proc = ensure_dir(Path::new("/proc"))?;
     mount(
         Some("proc"),
         &proc,
@@ -113,7 +167,7 @@ pub fn build_rootfs(
         None::<&str>,
     )
     .map_err(mount_err("proc", &proc))?;
-    let sys = ensure_dir(target, "sys")?;
+    let sys = ensure_dir(Path::new("/sys"))?;
     mount(
         Some("sysfs"),
         &sys,
@@ -122,26 +176,36 @@ pub fn build_rootfs(
         None::<&str>,
     )
     .map_err(mount_err("sysfs", &sys))?;
-    build_dev(&ensure_dir(target, "dev")?)?;
+    build_dev(&ensure_dir(Path::new("/dev"))?)?;
 
-    let agent_target = target.join(AGENT_PATH.trim_start_matches('/'));
-    if !agent_target.exists() {
-        if let Some(parent) = agent_target.parent() {
-            std::fs::create_dir_all(parent).map_err(prepare_err(parent))?;
-        }
-        std::fs::write(&agent_target, b"").map_err(prepare_err(&agent_target))?;
-    }
+    // The agent's directory is a bind mount of itself: a mount point cannot be renamed, so root inside
+    // cannot move /.warren (and the agent's mount with it) aside and plant another in its place.
+    let warren = ensure_dir(
+        Path::new(AGENT_PATH)
+            .parent()
+            .unwrap_or(Path::new("/.warren")),
+    )?;
     mount(
-        Some(agent_binary),
-        &agent_target,
+        Some(&warren),
+        &warren,
         None::<&str>,
         MsFlags::MS_BIND,
         None::<&str>,
     )
-    .map_err(mount_err("agent binary", &agent_target))?;
+    .map_err(mount_err("agent directory", &warren))?;
+    let agent_target = Path::new(AGENT_PATH);
+    match std::fs::symlink_metadata(agent_target) {
+        Ok(meta) if meta.file_type().is_file() => {}
+        Ok(_) => {
+            remove_any(agent_target)?;
+            std::fs::write(agent_target, b"").map_err(prepare_err(agent_target))?;
+        }
+        Err(_) => std::fs::write(agent_target, b"").map_err(prepare_err(agent_target))?,
+    }
+    attach(agent, agent_target)?;
     mount(
         None::<&str>,
-        &agent_target,
+        agent_target,
         None::<&str>,
         MsFlags::MS_BIND
             | MsFlags::MS_REMOUNT
@@ -150,16 +214,23 @@ pub fn build_rootfs(
             | MsFlags::MS_NODEV,
         None::<&str>,
     )
-    .map_err(mount_err("agent binary read-only", &agent_target))?;
+    .map_err(mount_err("agent binary read-only", agent_target))?;
     Ok(())
 }
 
-fn ensure_dir(root: &Path, name: &str) -> Result<PathBuf, MountError> {
-    let dir = root.join(name);
-    if !dir.is_dir() {
-        std::fs::create_dir_all(&dir).map_err(prepare_err(&dir))?;
+/// Makes `dir` a real directory: a symlink, file or whiteout there is removed first.
+fn ensure_dir(dir: &Path) -> Result<PathBuf, MountError> {
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => return Ok(dir.to_path_buf()),
+        Ok(_) => remove_any(dir)?,
+        Err(_) => {}
     }
-    Ok(dir)
+    std::fs::create_dir_all(dir).map_err(prepare_err(dir))?;
+    Ok(dir.to_path_buf())
+}
+
+fn remove_any(path: &Path) -> Result<(), MountError> {
+    std::fs::remove_file(path).map_err(prepare_err(path))
 }
 
 /// /dev as a small tmpfs with its own device nodes (no host device is bind-mounted), devpts, shm, mqueue.
@@ -198,7 +269,7 @@ fn build_dev(dev: &Path) -> Result<(), MountError> {
         )
         .map_err(mount_err("device node mode", &path))?;
     }
-    let pts = ensure_dir(dev, "pts")?;
+    let pts = ensure_dir(&dev.join("pts"))?;
     mount(
         Some("devpts"),
         &pts,
@@ -207,7 +278,7 @@ fn build_dev(dev: &Path) -> Result<(), MountError> {
         Some("newinstance,ptmxmode=0666,mode=0620,gid=5"),
     )
     .map_err(mount_err("devpts", &pts))?;
-    let shm = ensure_dir(dev, "shm")?;
+    let shm = ensure_dir(&dev.join("shm"))?;
     mount(
         Some("shm"),
         &shm,
@@ -216,7 +287,7 @@ fn build_dev(dev: &Path) -> Result<(), MountError> {
         Some("mode=1777,size=65536k"),
     )
     .map_err(mount_err("tmpfs /dev/shm", &shm))?;
-    let mqueue = ensure_dir(dev, "mqueue")?;
+    let mqueue = ensure_dir(&dev.join("mqueue"))?;
     mount(
         Some("mqueue"),
         &mqueue,
@@ -303,6 +374,8 @@ pub fn mask_proc() -> Result<(), MountError> {
         "/proc/sched_debug",
         "/proc/latency_stats",
         "/proc/kallsyms",
+        "/proc/slabinfo",
+        "/proc/vmallocinfo",
     ] {
         let path = Path::new(path);
         if !path.exists() {
@@ -314,6 +387,27 @@ pub fn mask_proc() -> Result<(), MountError> {
             None::<&str>,
             MsFlags::MS_BIND,
             None::<&str>,
+        )
+        .map_err(mount_err("mask", path))?;
+    }
+    // Directories of host hardware detail (ACPI tables, firmware, SCSI, power capping): an empty
+    // read-only tmpfs over each.
+    for path in [
+        "/proc/acpi",
+        "/proc/scsi",
+        "/sys/firmware",
+        "/sys/devices/virtual/powercap",
+    ] {
+        let path = Path::new(path);
+        if !path.is_dir() {
+            continue;
+        }
+        mount(
+            Some("tmpfs"),
+            path,
+            Some("tmpfs"),
+            MsFlags::MS_RDONLY | MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+            Some("size=0,mode=555"),
         )
         .map_err(mount_err("mask", path))?;
     }

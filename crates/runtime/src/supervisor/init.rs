@@ -46,13 +46,13 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     nix::unistd::sethostname(&config.id).map_err(|e| format!("sethostname: {e}"))?;
     let chain = |e: sandbox_mounts::MountError| super::run::error_chain(&e);
     sandbox_mounts::make_private().map_err(chain)?;
-    sandbox_mounts::build_rootfs(
-        &config.rootfs,
-        &config.overlay_options,
-        &config.agent_binary,
-    )
-    .map_err(chain)?;
+    sandbox_mounts::mount_overlay(&config.rootfs, &config.overlay_options).map_err(chain)?;
+    let agent = sandbox_mounts::open_agent(&config.agent_binary).map_err(chain)?;
+    // From here on the host's tree is out of reach: the sandbox's own (hostile) tree is only walked
+    // after the pivot.
     sandbox_mounts::pivot_into(&config.rootfs).map_err(chain)?;
+    sandbox_mounts::build_rootfs(&agent).map_err(chain)?;
+    drop(agent);
     sandbox_mounts::mask_proc().map_err(chain)?;
     super::run::phase("init rootfs ready");
     redirect_stdio()?;
