@@ -52,6 +52,21 @@ impl ConfinedError {
     }
 }
 
+/// For callers whose errors carry `std::io::Error`: the kind of the underlying failure (an escape
+/// reads as permission denied), the whole message kept.
+impl From<ConfinedError> for std::io::Error {
+    fn from(error: ConfinedError) -> std::io::Error {
+        let kind = match &error {
+            ConfinedError::Io { source, .. } => source.kind(),
+            ConfinedError::Escape { .. } => std::io::ErrorKind::PermissionDenied,
+            ConfinedError::BadPath(_) | ConfinedError::WrongType { .. } => {
+                std::io::ErrorKind::InvalidInput
+            }
+        };
+        std::io::Error::new(kind, error)
+    }
+}
+
 const RESOLVE: ResolveFlag = ResolveFlag::RESOLVE_BENEATH
     .union(ResolveFlag::RESOLVE_NO_SYMLINKS)
     .union(ResolveFlag::RESOLVE_NO_MAGICLINKS)

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 
 use globset::GlobBuilder;
 use sha2::{Digest, Sha256};
+use warren_runtime::confined::{ConfinedDir, ConfinedError};
 
 use super::dockerignore::{DockerignoreError, IgnoreRules};
 
@@ -26,6 +27,10 @@ pub enum ContextError {
     Ignore(#[from] DockerignoreError),
     #[error("source {0:?} points outside the build context")]
     OutsideContext(String),
+    #[error(
+        "source {0:?} goes through a symlink in the build context; name the path it points to"
+    )]
+    ThroughSymlink(String),
     #[error("source {0:?} not found in the build context (or excluded by .dockerignore)")]
     NotFound(String),
     #[error("no files in the build context match {0:?}")]
@@ -136,9 +141,12 @@ impl BuildContext {
             if self.ignore.is_ignored(&cleaned) {
                 return Err(ContextError::NotFound(pattern.to_string()));
             }
-            let abs = self.abs(&cleaned);
-            let meta = fs::symlink_metadata(&abs)
-                .map_err(|_| ContextError::NotFound(pattern.to_string()))?;
+            let meta = self.metadata(&cleaned).map_err(|e| match e {
+                ContextError::ThroughSymlink(_) => {
+                    ContextError::ThroughSymlink(pattern.to_string())
+                }
+                _ => ContextError::NotFound(pattern.to_string()),
+            })?;
             return Ok(vec![Source {
                 relative: cleaned,
                 kind: kind_of(&meta),
@@ -173,6 +181,25 @@ impl BuildContext {
         Ok(matched)
     }
 
+    /// Metadata of the context path `relative`, not following a symlink at its end, and refusing one
+    /// on the way: the kernel resolves it below the context root (openat2, [`ConfinedDir`]), so a
+    /// context holding `etc -> /etc` cannot make `COPY etc/shadow /x` read the host's file.
+    fn metadata(&self, relative: &str) -> Result<fs::Metadata, ContextError> {
+        if !relative.is_empty() {
+            let root = ConfinedDir::open_root(&self.root)
+                .map_err(|e| io_err(format!("opening {}", self.root.display()))(e.into()))?;
+            match root.stat(Path::new(relative)) {
+                Ok(_) => {}
+                Err(ConfinedError::Escape { .. }) => {
+                    return Err(ContextError::ThroughSymlink(relative.to_string()))
+                }
+                Err(e) => return Err(io_err(format!("reading {relative}"))(e.into())),
+            }
+        }
+        let abs = self.abs(relative);
+        fs::symlink_metadata(&abs).map_err(io_err(format!("reading {}", abs.display())))
+    }
+
     fn abs(&self, relative: &str) -> PathBuf {
         if relative.is_empty() {
             self.root.clone()
@@ -198,8 +225,7 @@ impl BuildContext {
             } else {
                 format!("{relative}/{name}")
             };
-            let meta = fs::symlink_metadata(self.abs(&child))
-                .map_err(io_err(format!("reading {}", child)))?;
+            let meta = self.metadata(&child)?;
             let kind = kind_of(&meta);
             let ignored = self.ignore.is_ignored(&child);
             if !ignored {
@@ -226,8 +252,7 @@ impl BuildContext {
         out: &mut Vec<CopyEntry>,
     ) -> Result<(), ContextError> {
         let abs = self.abs(&source.relative);
-        let meta =
-            fs::symlink_metadata(&abs).map_err(io_err(format!("reading {}", abs.display())))?;
+        let meta = self.metadata(&source.relative)?;
         let mode = meta.permissions().mode() & 0o7777;
         match source.kind {
             EntryKind::Dir => {
@@ -248,8 +273,7 @@ impl BuildContext {
                 for (relative, kind) in below {
                     let under = relative.strip_prefix(&prefix).unwrap_or(&relative);
                     let child_abs = self.abs(&relative);
-                    let child_meta = fs::symlink_metadata(&child_abs)
-                        .map_err(io_err(format!("reading {}", child_abs.display())))?;
+                    let child_meta = self.metadata(&relative)?;
                     out.push(CopyEntry {
                         source: child_abs,
                         target: join_target(dest, under),
@@ -398,6 +422,26 @@ mod tests {
 
     fn targets(entries: &[CopyEntry]) -> Vec<&str> {
         entries.iter().map(|e| e.target.as_str()).collect()
+    }
+
+    #[test]
+    fn sources_through_a_symlinked_directory_are_refused() {
+        // `link -> <host dir>` in an uploaded context: COPY link/secret must not read the host's file.
+        let host = tempfile::tempdir().unwrap();
+        write(host.path(), "secret", "host data");
+        let dir = sample();
+        std::os::unix::fs::symlink(host.path(), dir.path().join("link")).unwrap();
+        let ctx = BuildContext::open(dir.path()).unwrap();
+        assert!(matches!(
+            ctx.entries(&["link/secret".into()], "/x", false, false),
+            Err(ContextError::ThroughSymlink(_))
+        ));
+        // The link itself is copied as a link, and globs do not descend into it.
+        let entries = ctx.entries(&["link".into()], "/x", false, false).unwrap();
+        assert_eq!(entries.len(), 1);
+        assert_eq!(entries[0].kind, EntryKind::Symlink);
+        let globbed = ctx.entries(&["link/*".into()], "/x/", true, false);
+        assert!(globbed.is_err(), "{globbed:?}");
     }
 
     #[test]

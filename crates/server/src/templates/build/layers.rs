@@ -7,10 +7,12 @@
 //! through [`LayerStack`] for existing directories, symlinks and /etc/passwd.
 
 use std::fs;
+use std::io::Read;
 use std::os::unix::fs::{lchown, symlink, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use warren_runtime::confined::ConfinedDir;
 
 use super::context::{CopyEntry, EntryKind};
 use super::uploads::{unpack_archive, UploadError};
@@ -238,20 +240,32 @@ impl LayerStack {
     }
 
     /// Host path and metadata of absolute `path` (not following a final symlink).
+    ///
+    /// The layers below were written by build sandboxes, so each is searched through [`ConfinedDir`]:
+    /// the kernel resolves `path` inside the layer and refuses a symlink on the way. A symlink or file
+    /// at one of `path`'s directories in a layer ends the search there, as in overlayfs, where a
+    /// non-directory hides whatever lower layers hold below that name (callers resolve symlinked
+    /// components themselves, with [`LayerStack::resolve`]).
     pub fn lookup(&self, path: &str) -> Option<(PathBuf, fs::Metadata)> {
         let rel = path.trim_start_matches('/');
         for layer in &self.layers {
-            let host = if rel.is_empty() {
-                layer.clone()
-            } else {
-                layer.join(rel)
-            };
-            if let Ok(meta) = fs::symlink_metadata(&host) {
-                if meta.file_type().is_char_device() && meta.rdev() == 0 {
-                    return None;
-                }
-                return Some((host, meta));
+            if rel.is_empty() {
+                return fs::symlink_metadata(layer).ok().map(|m| (layer.clone(), m));
             }
+            let Ok(dir) = ConfinedDir::open_root(layer) else {
+                continue;
+            };
+            match dir.stat(Path::new(rel)) {
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => continue,
+                Err(_) => return None,
+            }
+            let host = layer.join(rel);
+            let meta = fs::symlink_metadata(&host).ok()?;
+            if meta.file_type().is_char_device() && meta.rdev() == 0 {
+                return None;
+            }
+            return Some((host, meta));
         }
         None
     }
@@ -308,7 +322,15 @@ impl LayerStack {
         if !meta.is_file() {
             return None;
         }
-        fs::read_to_string(host).ok()
+        let layer = self.layers.iter().find(|l| host.starts_with(l))?;
+        let rel = host.strip_prefix(layer).ok()?;
+        let mut text = String::new();
+        ConfinedDir::open_root(layer)
+            .and_then(|dir| dir.open_file(rel))
+            .ok()?
+            .read_to_string(&mut text)
+            .ok()?;
+        Some(text)
     }
 
     /// `user[:group]` → (uid, gid) through the template's /etc/passwd and /etc/group. A user without a
@@ -402,6 +424,7 @@ pub fn write_copy_layer(
     for (i, entry) in entries.iter().enumerate() {
         let target = view.resolve(&entry.target, true)?;
         ensure_parents(layer, &view, &target, uid, gid)?;
+        check_inside(layer, &target)?;
         let host = layer.join(target.trim_start_matches('/'));
         match entry.kind {
             EntryKind::Dir => {
@@ -459,6 +482,22 @@ pub fn write_copy_layer(
         }
     }
     Ok(())
+}
+
+/// The kernel's word that `target`'s parent directory in `layer` is a real directory inside it: the
+/// resolution above re-roots symlinks by hand, and this refuses a write if it ever got one wrong
+/// (an earlier entry of the same COPY may have put a symlink on the way).
+fn check_inside(layer: &Path, target: &str) -> Result<(), LayerError> {
+    let parent = Path::new(target.trim_start_matches('/'))
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty());
+    let Some(parent) = parent else {
+        return Ok(());
+    };
+    ConfinedDir::open_root(layer)
+        .and_then(|dir| dir.open_dir(parent))
+        .map(drop)
+        .map_err(|e| io_err(format!("writing {target} into the layer"))(e.into()))
 }
 
 fn entry_is_root(entries: &[CopyEntry], i: usize) -> bool {
@@ -646,6 +685,55 @@ mod tests {
         let tool = layer2.path().join("usr/bin/tool.sh");
         assert_eq!(fs::metadata(&tool).unwrap().mode() & 0o777, 0o755);
         assert!(!layer2.path().join("bin").exists());
+    }
+
+    #[test]
+    fn a_symlinked_directory_in_a_lower_layer_does_not_lead_to_host_files() {
+        // A build sandbox's RUN step left `/etc -> <host dir>` in its layer; the host dir holds a
+        // passwd with a user only it knows. Lookups must not find it there.
+        let host = tempfile::tempdir().unwrap();
+        fs::write(
+            host.path().join("passwd"),
+            "intruder:x:4242:4242::/:/bin/sh\n",
+        )
+        .unwrap();
+        let lower = tempfile::tempdir().unwrap();
+        symlink(host.path(), lower.path().join("etc")).unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let stack = LayerStack::new(vec![upper.path().to_path_buf(), lower.path().to_path_buf()]);
+        assert!(stack.lookup("/etc/passwd").is_none());
+        assert!(matches!(
+            stack.resolve_owner("intruder"),
+            Err(LayerError::UnknownUser(_))
+        ));
+        // Resolving the symlink by hand re-roots it inside the layers, never on the host.
+        let resolved = stack.resolve("/etc/passwd", false).unwrap();
+        assert!(stack.lookup(&resolved).is_none(), "{resolved}");
+    }
+
+    #[test]
+    fn a_copy_cannot_write_through_a_symlink_an_earlier_entry_made() {
+        // Two sources merged into one destination: the first brings `x -> <host dir>`, the second
+        // a file below `x/`. It lands inside the layer (re-rooted) or fails; the host dir stays empty.
+        let host = tempfile::tempdir().unwrap();
+        let ctx_dir = tempfile::tempdir().unwrap();
+        fs::create_dir_all(ctx_dir.path().join("a")).unwrap();
+        symlink(host.path(), ctx_dir.path().join("a/x")).unwrap();
+        fs::create_dir_all(ctx_dir.path().join("b/x")).unwrap();
+        fs::write(ctx_dir.path().join("b/x/payload"), "pwned").unwrap();
+        let ctx = BuildContext::open(ctx_dir.path()).unwrap();
+        let base = base_rootfs();
+        let below = LayerStack::new(vec![base.path().to_path_buf()]);
+        let layer = tempfile::tempdir().unwrap();
+        let entries = ctx
+            .entries(&["a".into(), "b".into()], "/dst/", true, false)
+            .unwrap();
+        let _ = write_copy_layer(layer.path(), &below, &entries, None, None);
+        assert_eq!(
+            fs::read_dir(host.path()).unwrap().count(),
+            0,
+            "wrote on the host"
+        );
     }
 
     fn nix_is_root() -> bool {
