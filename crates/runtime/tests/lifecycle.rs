@@ -24,19 +24,33 @@ fn freeze_thaw_stats_processes_and_kill() {
             Ok(value) => assert_eq!(value.trim(), "1", "rcu_expedited after LinuxRuntime::new"),
             Err(e) => println!("SKIP: rcu_expedited check: {e}"),
         }
-        // Once the sandbox is up, its supervisor has re-executed itself as the small `wait` image
-        // and is still the init's parent.
-        let status = std::fs::read_to_string(format!("/proc/{}/status", sandbox.init_pid)).unwrap();
-        let ppid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("PPid:"))
-            .and_then(|v| v.trim().parse::<u32>().ok())
-            .expect("PPid of the init");
-        let cmdline = std::fs::read(format!("/proc/{ppid}/cmdline")).unwrap();
-        let args: Vec<String> = cmdline
-            .split(|b| *b == 0)
-            .map(|a| String::from_utf8_lossy(a).into_owned())
-            .collect();
+        // Once the sandbox is up, its supervisor re-executes itself as the small `wait` image and
+        // stays the init's parent. That happens after `create` returns (it is not on the create
+        // path), so wait for it rather than expect it already done: under load it can lag.
+        let supervisor_args = || -> Vec<String> {
+            let status = std::fs::read_to_string(format!("/proc/{}/status", sandbox.init_pid))
+                .unwrap_or_default();
+            let Some(ppid) = status
+                .lines()
+                .find_map(|l| l.strip_prefix("PPid:"))
+                .and_then(|v| v.trim().parse::<u32>().ok())
+            else {
+                return Vec::new();
+            };
+            std::fs::read(format!("/proc/{ppid}/cmdline"))
+                .unwrap_or_default()
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let mut args = supervisor_args();
+        while args.get(1).map(String::as_str) != Some("wait")
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(10));
+            args = supervisor_args();
+        }
         assert_eq!(args.get(1).map(String::as_str), Some("wait"), "{args:?}");
         assert_eq!(args.get(2), Some(&sandbox.init_pid.to_string()), "{args:?}");
         common::exec(&sandbox, "(sleep 600 >/dev/null 2>&1 &)");
