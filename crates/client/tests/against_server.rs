@@ -22,6 +22,7 @@ fn new_sandbox(metadata: &[(&str, &str)]) -> NewSandbox {
                 .collect(),
         ),
         env_vars: None,
+        ..NewSandbox::default()
     }
 }
 

@@ -151,6 +151,51 @@ async fn bad_requests_get_the_right_status() {
         .api(Method::POST, "/v2/sandboxes", Some(json!({"timeout": 5})))
         .await;
     assert_error(&malformed, StatusCode::BAD_REQUEST, "templateID");
+    // What the server does not provide is refused by name, never dropped: egress rules, volumes,
+    // MCP, IAM and fields it does not know.
+    for (body, named) in [
+        (
+            json!({"templateID": "base", "network": {"allowOut": ["10.0.0.0/8"], "denyOut": ["0.0.0.0/0"]}}),
+            "network.allowOut, network.denyOut",
+        ),
+        (
+            json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
+            "network.allowPublicTraffic",
+        ),
+        (
+            json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data"}]}),
+            "volumeMounts",
+        ),
+        (json!({"templateID": "base", "mcp": {"x": {}}}), "mcp"),
+        (
+            json!({"templateID": "base", "frobnicate": true}),
+            "frobnicate",
+        ),
+        (
+            json!({"templateID": "base", "network": {"allowOutt": []}}),
+            "allowOutt",
+        ),
+    ] {
+        let answer = h.api(Method::POST, "/v2/sandboxes", Some(body)).await;
+        assert_error(&answer, StatusCode::BAD_REQUEST, named);
+    }
+    assert!(
+        h.runtime.live_ids().is_empty(),
+        "a refused create made a sandbox"
+    );
+    // The defaults spelled out are fine.
+    let defaults = h
+        .api(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base", "network": {"allowPublicTraffic": true, "allowOut": []}, "mcp": null})),
+        )
+        .await;
+    assert_eq!(defaults.status, StatusCode::CREATED);
+    for sandbox in h.runtime.live_ids() {
+        h.api(Method::DELETE, &format!("/sandboxes/{sandbox}"), None)
+            .await;
+    }
     let missing = h.api(Method::GET, "/sandboxes/doesnotexist", None).await;
     assert_error(&missing, StatusCode::NOT_FOUND, "doesnotexist");
     assert_eq!(

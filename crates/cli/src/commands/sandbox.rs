@@ -75,6 +75,7 @@ async fn create(global: &GlobalArgs, args: CreateArgs) -> Result<i32, CommandErr
         allow_internet_access: args.no_internet.then_some(false),
         metadata: (!args.metadata.is_empty()).then(|| args.metadata.into_iter().collect()),
         env_vars: (!args.env.is_empty()).then(|| args.env.into_iter().collect()),
+        ..NewSandbox::default()
     };
     let sandbox = api_client(global)?.create_sandbox(&body).await?;
     if global.json {

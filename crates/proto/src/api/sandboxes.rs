@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-/// `POST /sandboxes` and `POST /v2/sandboxes` body.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+/// `POST /sandboxes` and `POST /v2/sandboxes` body. Unknown fields are refused (a field the server
+/// does not know is a feature it would otherwise silently not provide).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
     pub template_id: String,
@@ -33,6 +34,72 @@ pub struct NewSandbox {
     pub metadata: Option<BTreeMap<String, String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
+    /// MCP gateway configuration (E2B); kept only to be refused by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mcp: Option<serde_json::Value>,
+    /// Cloud IAM credentials for the sandbox (E2B); kept only to be refused by name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub iam: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_mounts: Option<serde_json::Value>,
+}
+
+/// The `network` object of a create body (E2B's `SandboxNetworkConfig`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxNetwork {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_ports: Option<Vec<u16>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+}
+
+impl SandboxNetwork {
+    /// The JSON names of the fields that ask for something beyond the default (public traffic on,
+    /// no egress rules), in the order the schema lists them.
+    pub fn requested_fields(&self) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.allow_public_traffic == Some(false) {
+            out.push("network.allowPublicTraffic");
+        }
+        let set = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| !l.is_empty());
+        if set(&self.allow_out) {
+            out.push("network.allowOut");
+        }
+        if set(&self.deny_out) {
+            out.push("network.denyOut");
+        }
+        if set(&self.dns_servers) {
+            out.push("network.dnsServers");
+        }
+        if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
+            out.push("network.egressProxy");
+        }
+        if self.mask_request_host.is_some() {
+            out.push("network.maskRequestHost");
+        }
+        if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
+            out.push("network.httpsPorts");
+        }
+        if self.rules.as_ref().is_some_and(|v| !v.is_null()) {
+            out.push("network.rules");
+        }
+        out
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -121,6 +121,26 @@ fn create_request(body: api::NewSandbox, secure: bool) -> Result<CreateRequest, 
             "autoPauseMemory=false (filesystem-only pause) is not supported by this server",
         ));
     }
+    let mut unsupported: Vec<&str> = body
+        .network
+        .as_ref()
+        .map(api::SandboxNetwork::requested_fields)
+        .unwrap_or_default();
+    for (name, value) in [
+        ("mcp", &body.mcp),
+        ("iam", &body.iam),
+        ("volumeMounts", &body.volume_mounts),
+    ] {
+        if value.as_ref().is_some_and(|v| !v.is_null()) {
+            unsupported.push(name);
+        }
+    }
+    if !unsupported.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "not supported by this server yet: {} (the sandbox was not created)",
+            unsupported.join(", ")
+        )));
+    }
     Ok(CreateRequest {
         template,
         timeout: body.timeout,
