@@ -192,6 +192,31 @@ async fn bad_requests_get_the_right_status() {
         )
         .await;
     assert_eq!(defaults.status, StatusCode::CREATED);
+    let id = defaults.json()["sandboxID"].as_str().unwrap().to_string();
+    let update = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({"denyOut": ["0.0.0.0/0"]})),
+        )
+        .await;
+    assert_error(&update, StatusCode::BAD_REQUEST, "network.denyOut");
+    let empty = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(empty.status, StatusCode::NO_CONTENT);
+    let gone = h
+        .api(
+            Method::PUT,
+            "/sandboxes/doesnotexist/network",
+            Some(json!({"denyOut": ["0.0.0.0/0"]})),
+        )
+        .await;
+    assert_error(&gone, StatusCode::NOT_FOUND, "doesnotexist");
     for sandbox in h.runtime.live_ids() {
         h.api(Method::DELETE, &format!("/sandboxes/{sandbox}"), None)
             .await;

@@ -68,6 +68,47 @@ pub struct SandboxNetwork {
     pub rules: Option<serde_json::Value>,
 }
 
+/// `PUT /sandboxes/{id}/network` body (E2B's `SandboxNetworkUpdateConfig`): replaces the rules.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxNetworkUpdate {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns_servers: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+    #[serde(
+        default,
+        rename = "allow_internet_access",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub allow_internet_access: Option<bool>,
+}
+
+impl SandboxNetworkUpdate {
+    /// The JSON names of the fields that ask for a change.
+    pub fn requested_fields(&self) -> Vec<&'static str> {
+        let as_network = SandboxNetwork {
+            allow_out: self.allow_out.clone(),
+            deny_out: self.deny_out.clone(),
+            dns_servers: self.dns_servers.clone(),
+            egress_proxy: self.egress_proxy.clone(),
+            rules: self.rules.clone(),
+            ..SandboxNetwork::default()
+        };
+        let mut out = as_network.requested_fields();
+        if self.allow_internet_access.is_some() {
+            out.push("allow_internet_access");
+        }
+        out
+    }
+}
+
 impl SandboxNetwork {
     /// The JSON names of the fields that ask for something beyond the default (public traffic on,
     /// no egress rules), in the order the schema lists them.

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use chrono::{DateTime, TimeZone, Utc};
 use warren_proto::api::{self, ENVD_VERSION};
@@ -25,6 +25,7 @@ pub fn router() -> Router<AppState> {
         .route("/v2/sandboxes", post(create_v2).get(list_v2))
         .route("/sandboxes/{id}", get(get_one).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/network", put(update_network))
         .route("/sandboxes/{id}/refreshes", post(refresh))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
@@ -307,6 +308,25 @@ async fn set_timeout(
 ) -> Result<StatusCode, ApiError> {
     state.lifecycle.set_timeout(&id, body.timeout).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// `PUT /sandboxes/{id}/network` (`Sandbox.update_network`): the sandbox must exist (404 otherwise);
+/// rules it asks for are refused by name until egress rules are enforced, an empty update is a no-op.
+async fn update_network(
+    State(state): State<AppState>,
+    _key: Authenticated,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<api::SandboxNetworkUpdate>,
+) -> Result<StatusCode, ApiError> {
+    state.lifecycle.get(&id).await?;
+    let asked = body.requested_fields();
+    if asked.is_empty() {
+        return Ok(StatusCode::NO_CONTENT);
+    }
+    Err(ApiError::bad_request(format!(
+        "not supported by this server yet: {} (the sandbox's network is unchanged)",
+        asked.join(", ")
+    )))
 }
 
 #[derive(Debug, Default, serde::Deserialize)]
