@@ -60,6 +60,10 @@ pub enum Command {
     /// Manage API keys (acts on the local store directly; needs access to the state directory).
     #[command(subcommand)]
     Key(KeyCommand),
+    /// Manage teams: each API key belongs to one and sees only its team's sandboxes (acts on the
+    /// local store directly).
+    #[command(subcommand)]
+    Team(TeamCommand),
 }
 
 #[derive(Debug, Args)]
@@ -273,6 +277,12 @@ pub enum KeyCommand {
         /// A name to recognise the key by.
         #[arg(long, default_value = "default")]
         name: String,
+        /// The team (ID or name) whose sandboxes the key sees and acts on.
+        #[arg(long, default_value = "default")]
+        team: String,
+        /// The key also manages teams and keys over the API (`/teams`, `/api-keys`).
+        #[arg(long)]
+        admin: bool,
         #[command(flatten)]
         state: StateArgs,
     },
@@ -286,6 +296,32 @@ pub enum KeyCommand {
     Revoke {
         /// Key ID (or name).
         id: String,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TeamCommand {
+    /// Create a team, optionally with quotas on what its live sandboxes hold at once.
+    Create {
+        /// Letters, digits, '-' and '_'.
+        name: String,
+        /// Most sandboxes (running or paused in memory) at once; more get 429.
+        #[arg(long)]
+        max_sandboxes: Option<u32>,
+        /// Most vCPUs its running sandboxes hold together.
+        #[arg(long)]
+        max_vcpus: Option<f64>,
+        /// Most memory (MiB) its running sandboxes hold together.
+        #[arg(long)]
+        max_memory_mib: Option<u64>,
+        #[command(flatten)]
+        state: StateArgs,
+    },
+    /// List teams and their quotas.
+    #[command(visible_alias = "ls")]
+    List {
         #[command(flatten)]
         state: StateArgs,
     },
@@ -433,7 +469,7 @@ mod tests {
     fn key_commands_take_a_state_dir() {
         let cli =
             parse(&["key", "create", "--name", "ci", "--state-dir", "/tmp/w"]).expect("parses");
-        let Command::Key(KeyCommand::Create { name, state }) = cli.command else {
+        let Command::Key(KeyCommand::Create { name, state, .. }) = cli.command else {
             panic!("wrong command");
         };
         assert_eq!(name, "ci");

@@ -27,7 +27,7 @@ async fn main() -> anyhow::Result<()> {
         config.proxy_listen = listen.parse()?;
     }
     let store = warren_server::open_store(&state_dir).await?;
-    let key = warren_server::keys::create_key(store.as_ref(), "example").await?;
+    let key = warren_server::keys::create_key(store.as_ref(), "example", "default", true).await?;
     println!("export E2B_API_URL=http://{}", config.api_listen);
     println!(
         "export E2B_SANDBOX_URL=http://127.0.0.1:{}",

@@ -7,21 +7,8 @@ use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 use serde_json::json;
-use support::{send, Harness};
+use support::{assert_error, send, Harness};
 use warren_server::lifecycle::{now_millis, scheduler};
-
-fn assert_error(answer: &support::Answer, status: StatusCode, needle: &str) {
-    assert_eq!(
-        answer.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let body = answer.json();
-    assert_eq!(body["code"], json!(status.as_u16()));
-    let message = body["message"].as_str().unwrap();
-    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
-}
 
 #[tokio::test]
 async fn requests_without_a_valid_key_are_refused() {
@@ -34,10 +21,14 @@ async fn requests_without_a_valid_key_are_refused() {
     );
     let bad = send(Method::GET, &url, &[("X-API-Key", "e2b_nope")], None).await;
     assert_error(&bad, StatusCode::UNAUTHORIZED, "invalid API key");
-    let revoked =
-        warren_server::keys::create_key(h.server.server.lifecycle.store().as_ref(), "gone")
-            .await
-            .unwrap();
+    let revoked = warren_server::keys::create_key(
+        h.server.server.lifecycle.store().as_ref(),
+        "gone",
+        "default",
+        false,
+    )
+    .await
+    .unwrap();
     warren_server::keys::revoke_key(h.server.server.lifecycle.store().as_ref(), "gone")
         .await
         .unwrap();

@@ -52,7 +52,13 @@ impl TestServer {
         let mut config = test_config(state_dir.path(), base_rootfs);
         adjust(&mut config);
         let server = Server::start(config, runtime).await?;
-        let key = keys::create_key(server.lifecycle.store().as_ref(), "testkit").await?;
+        let key = keys::create_key(
+            server.lifecycle.store().as_ref(),
+            "testkit",
+            warren_server::store::DEFAULT_TEAM,
+            true,
+        )
+        .await?;
         Ok(TestServer {
             api_url: format!("http://{}", server.api_addr),
             sandbox_url: format!("http://{}", server.proxy_addr),

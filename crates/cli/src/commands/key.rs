@@ -5,11 +5,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Serialize;
-use warren_server::store::{ApiKeyRecord, StoreError};
+use warren_server::store::{ApiKeyRecord, StoreError, TeamRecord};
 use warren_server::Store;
 
 use super::{print_json, CommandError};
-use crate::args::{GlobalArgs, KeyCommand};
+use crate::args::{GlobalArgs, KeyCommand, TeamCommand};
 use crate::exit_code;
 use crate::state_dir;
 use crate::table::Table;
@@ -35,7 +35,12 @@ impl KeyError {
     pub fn exit_code(&self) -> i32 {
         match self {
             KeyError::Key(warren_server::keys::KeyError::NotFound(_)) => exit_code::NOT_FOUND,
-            KeyError::Key(warren_server::keys::KeyError::BadName(_)) => exit_code::USAGE,
+            KeyError::Key(warren_server::keys::KeyError::NoTeam(_)) => exit_code::NOT_FOUND,
+            KeyError::Key(
+                warren_server::keys::KeyError::BadName(_)
+                | warren_server::keys::KeyError::BadTeamName(_)
+                | warren_server::keys::KeyError::TeamExists(_),
+            ) => exit_code::USAGE,
             _ => exit_code::ERROR,
         }
     }
@@ -51,6 +56,9 @@ pub struct KeyView {
     pub created_at: i64,
     pub last_used_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    #[serde(rename = "teamID")]
+    pub team_id: String,
+    pub admin: bool,
 }
 
 impl From<&ApiKeyRecord> for KeyView {
@@ -62,6 +70,8 @@ impl From<&ApiKeyRecord> for KeyView {
             created_at: record.created_at,
             last_used_at: record.last_used_at,
             revoked_at: record.revoked_at,
+            team_id: record.team_id.clone(),
+            admin: record.admin,
         }
     }
 }
@@ -80,15 +90,22 @@ pub async fn open_store(dir: &Path, must_exist: bool) -> Result<Arc<dyn Store>, 
 
 pub async fn run(global: &GlobalArgs, command: KeyCommand) -> Result<i32, CommandError> {
     match command {
-        KeyCommand::Create { name, state } => {
+        KeyCommand::Create {
+            name,
+            team,
+            admin,
+            state,
+        } => {
             let store = open_store(&state_dir::resolve(&state), false).await?;
-            let created = warren_server::keys::create_key(store.as_ref(), &name)
+            let created = warren_server::keys::create_key(store.as_ref(), &name, &team, admin)
                 .await
                 .map_err(KeyError::from)?;
             if global.json {
                 print_json(&serde_json::json!({
                     "id": created.record.id,
                     "name": created.record.name,
+                    "teamID": created.record.team_id,
+                    "admin": created.record.admin,
                     "key": created.secret,
                 }))?;
             } else {
@@ -126,12 +143,98 @@ pub async fn run(global: &GlobalArgs, command: KeyCommand) -> Result<i32, Comman
     Ok(exit_code::OK)
 }
 
+/// `warren team create|list`.
+pub async fn run_team(global: &GlobalArgs, command: TeamCommand) -> Result<i32, CommandError> {
+    match command {
+        TeamCommand::Create {
+            name,
+            max_sandboxes,
+            max_vcpus,
+            max_memory_mib,
+            state,
+        } => {
+            let store = open_store(&state_dir::resolve(&state), false).await?;
+            let quotas = warren_server::keys::TeamQuotas {
+                max_sandboxes,
+                max_vcpus,
+                max_memory_mib,
+            };
+            let team = warren_server::keys::create_team(store.as_ref(), &name, quotas)
+                .await
+                .map_err(KeyError::from)?;
+            if global.json {
+                print_json(&TeamView::from(&team))?;
+            } else {
+                println!("{}", team.id);
+            }
+        }
+        TeamCommand::List { state } => {
+            let store = open_store(&state_dir::resolve(&state), true).await?;
+            let teams = warren_server::keys::list_teams(store.as_ref())
+                .await
+                .map_err(KeyError::from)?;
+            let views: Vec<TeamView> = teams.iter().map(TeamView::from).collect();
+            if global.json {
+                print_json(&views)?;
+            } else {
+                let mut table =
+                    Table::new(["id", "name", "max sandboxes", "max vcpus", "max memory"]);
+                let or_dash = |v: Option<String>| v.unwrap_or_else(|| "-".to_string());
+                for team in &views {
+                    table.row([
+                        team.id.clone(),
+                        team.name.clone(),
+                        or_dash(team.max_sandboxes.map(|n| n.to_string())),
+                        or_dash(team.max_vcpus.map(|n| n.to_string())),
+                        or_dash(team.max_memory_mib.map(|n| format!("{n} MiB"))),
+                    ]);
+                }
+                print!("{}", table.render());
+            }
+        }
+    }
+    Ok(exit_code::OK)
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TeamView {
+    pub id: String,
+    pub name: String,
+    pub max_sandboxes: Option<u32>,
+    pub max_vcpus: Option<f64>,
+    pub max_memory_mib: Option<u64>,
+}
+
+impl From<&TeamRecord> for TeamView {
+    fn from(team: &TeamRecord) -> Self {
+        TeamView {
+            id: team.id.clone(),
+            name: team.name.clone(),
+            max_sandboxes: team.max_sandboxes,
+            max_vcpus: team.max_vcpus,
+            max_memory_mib: team.max_memory_mib,
+        }
+    }
+}
+
 pub fn keys_table(keys: &[KeyView]) -> Table {
-    let mut table = Table::new(["id", "name", "prefix", "created", "last used", "revoked"]);
+    let mut table = Table::new([
+        "id",
+        "name",
+        "team",
+        "admin",
+        "prefix",
+        "created",
+        "last used",
+        "revoked",
+    ]);
     for key in keys {
         table.row([
             key.id.clone(),
             key.name.clone(),
+            key.team_id.clone(),
+            if key.admin { "yes" } else { "no" }.to_string(),
             format!("{}…", key.prefix),
             format_millis(Some(key.created_at)),
             format_millis(key.last_used_at),
@@ -173,12 +276,14 @@ mod tests {
             created_at: 0,
             last_used_at: None,
             revoked_at: None,
+            team_id: "team_default".into(),
+            admin: false,
         };
         let text = keys_table(&[view]).render();
         assert_eq!(
             text,
-            "ID     NAME  PREFIX       CREATED              LAST USED  REVOKED\n\
-             key_1  ci    e2b_abcdef…  1970-01-01 00:00:00  -          -\n"
+            "ID     NAME  TEAM          ADMIN  PREFIX       CREATED              LAST USED  REVOKED\n\
+             key_1  ci    team_default  no     e2b_abcdef…  1970-01-01 00:00:00  -          -\n"
         );
     }
 
@@ -191,7 +296,7 @@ mod tests {
             Err(KeyError::NoState(_))
         ));
         let store = open_store(&dir, false).await.expect("store");
-        let created = warren_server::keys::create_key(store.as_ref(), "t")
+        let created = warren_server::keys::create_key(store.as_ref(), "t", "default", false)
             .await
             .expect("create");
         let listed = warren_server::keys::list_keys(store.as_ref())

@@ -56,6 +56,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Sandbox(command) => sandbox::run(&global, command).await,
         Command::Template(command) => template::run(&global, command).await,
         Command::Key(command) => key::run(&global, command).await,
+        Command::Team(command) => key::run_team(&global, command).await,
     }
 }
 

@@ -88,7 +88,13 @@ async fn ensure_first_key(state_dir: &std::path::Path) -> Result<Option<String>,
     if keys.iter().any(|k| k.revoked_at.is_none()) {
         return Ok(None);
     }
-    let created = warren_server::keys::create_key(store.as_ref(), FIRST_KEY_NAME).await?;
+    let created = warren_server::keys::create_key(
+        store.as_ref(),
+        FIRST_KEY_NAME,
+        warren_server::store::DEFAULT_TEAM,
+        true,
+    )
+    .await?;
     Ok(Some(created.secret))
 }
 

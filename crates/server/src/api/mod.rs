@@ -8,6 +8,7 @@ mod meta;
 mod paging;
 mod sandboxes;
 mod snapshots;
+mod teams;
 mod templates;
 
 use std::sync::Arc;
@@ -32,6 +33,7 @@ pub fn router(state: AppState) -> Router {
         .merge(sandboxes::router())
         .merge(snapshots::router())
         .merge(templates::router())
+        .merge(teams::router())
         .merge(meta::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })
         .with_state(state)

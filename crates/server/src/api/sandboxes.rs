@@ -112,7 +112,11 @@ fn detail(state: &AppState, record: &SandboxRecord) -> api::SandboxDetail {
     }
 }
 
-fn create_request(body: api::NewSandbox, secure: bool) -> Result<CreateRequest, ApiError> {
+fn create_request(
+    key: &Authenticated,
+    body: api::NewSandbox,
+    secure: bool,
+) -> Result<CreateRequest, ApiError> {
     let template = body.template_id.trim().to_string();
     if template.is_empty() {
         return Err(ApiError::bad_request("templateID must not be empty"));
@@ -143,6 +147,7 @@ fn create_request(body: api::NewSandbox, secure: bool) -> Result<CreateRequest, 
         )));
     }
     Ok(CreateRequest {
+        team_id: key.team().to_string(),
         template,
         timeout: body.timeout,
         auto_pause: body.auto_pause.unwrap_or(false),
@@ -156,13 +161,13 @@ fn create_request(body: api::NewSandbox, secure: bool) -> Result<CreateRequest, 
 
 async fn create_v1(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     ApiJson(body): ApiJson<api::NewSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
     let secure = body.secure.unwrap_or(false);
     let created_sandbox = state
         .lifecycle
-        .create(create_request(body, secure)?)
+        .create(create_request(&key, body, secure)?)
         .await?;
     Ok((
         StatusCode::CREATED,
@@ -172,10 +177,13 @@ async fn create_v1(
 
 async fn create_v2(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     ApiJson(body): ApiJson<api::NewSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
-    let created_sandbox = state.lifecycle.create(create_request(body, true)?).await?;
+    let created_sandbox = state
+        .lifecycle
+        .create(create_request(&key, body, true)?)
+        .await?;
     Ok((
         StatusCode::CREATED,
         Json(created(&state, &created_sandbox.record)),
@@ -223,10 +231,11 @@ fn parse_states(query: &QueryPairs) -> Result<Vec<SandboxState>, ApiError> {
 
 async fn list_v1(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     query: QueryPairs,
 ) -> Result<Json<Vec<api::ListedSandbox>>, ApiError> {
     let filter = SandboxFilter {
+        team_id: Some(key.team().to_string()),
         states: SandboxState::from_api_state(api::SandboxState::Running).to_vec(),
         metadata: parse_metadata(&query)?,
         ..SandboxFilter::default()
@@ -241,7 +250,7 @@ fn encode_token(record: &SandboxRecord) -> String {
 
 async fn list_v2(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
     let limit = paging::limit(&query)?;
@@ -265,6 +274,7 @@ async fn list_v2(
         ),
     };
     let filter = SandboxFilter {
+        team_id: Some(key.team().to_string()),
         states: parse_states(&query)?,
         metadata: parse_metadata(&query)?,
         template: query.get("template").map(str::to_string),
@@ -284,28 +294,30 @@ async fn list_v2(
 
 async fn get_one(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<api::SandboxDetail>, ApiError> {
-    let record = state.lifecycle.get(&id).await?;
+    let record = key.sandbox(&state, &id).await?;
     Ok(Json(detail(&state, &record)))
 }
 
 async fn kill(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
+    key.sandbox(&state, &id).await?;
     state.lifecycle.kill(&id, "killed through the API").await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn set_timeout(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<api::SandboxTimeoutRequest>,
 ) -> Result<StatusCode, ApiError> {
+    key.sandbox(&state, &id).await?;
     state.lifecycle.set_timeout(&id, body.timeout).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -314,11 +326,11 @@ async fn set_timeout(
 /// rules it asks for are refused by name until egress rules are enforced, an empty update is a no-op.
 async fn update_network(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     ApiJson(body): ApiJson<api::SandboxNetworkUpdate>,
 ) -> Result<StatusCode, ApiError> {
-    state.lifecycle.get(&id).await?;
+    key.sandbox(&state, &id).await?;
     let asked = body.requested_fields();
     if asked.is_empty() {
         return Ok(StatusCode::NO_CONTENT);
@@ -336,10 +348,11 @@ struct RefreshRequest {
 
 async fn refresh(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<RefreshRequest>,
 ) -> Result<StatusCode, ApiError> {
+    key.sandbox(&state, &id).await?;
     let timeout = body
         .duration
         .unwrap_or(state.lifecycle.config().limits.default_timeout.as_secs() as i64);
@@ -349,10 +362,11 @@ async fn refresh(
 
 async fn pause(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<api::SandboxPauseRequest>,
 ) -> Result<StatusCode, ApiError> {
+    key.sandbox(&state, &id).await?;
     if body.memory == Some(false) {
         return Err(ApiError::bad_request(
             "memory=false (filesystem-only pause) is not supported by this server",
@@ -373,10 +387,11 @@ fn check_memory(body: &api::ConnectSandbox) -> Result<(), ApiError> {
 
 async fn resume(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<api::ConnectSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    key.sandbox(&state, &id).await?;
     check_memory(&body)?;
     let record = state.lifecycle.get(&id).await?;
     if record.state.api_state() == Some(api::SandboxState::Running) {
@@ -391,10 +406,11 @@ async fn resume(
 
 async fn connect(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<api::ConnectSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    key.sandbox(&state, &id).await?;
     check_memory(&body)?;
     let (record, outcome) = state.lifecycle.resume(&id, body.timeout).await?;
     let status = match outcome {
@@ -406,10 +422,10 @@ async fn connect(
 
 async fn metrics(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<Vec<api::SandboxMetric>>, ApiError> {
-    let record = state.lifecycle.get(&id).await?;
+    let record = key.sandbox(&state, &id).await?;
     let Some(stats) = state.lifecycle.stats(&id).await? else {
         return Ok(Json(Vec::new()));
     };
@@ -438,9 +454,10 @@ async fn metrics(
 /// The sandbox's lifecycle events, as log lines.
 async fn logs(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<api::SandboxLogs>, ApiError> {
+    key.sandbox(&state, &id).await?;
     let events = state.lifecycle.events(&id).await?;
     let mut logs = api::SandboxLogs {
         logs: Vec::new(),

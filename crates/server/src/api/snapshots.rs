@@ -42,10 +42,11 @@ fn info(record: &SnapshotRecord) -> api::SnapshotInfo {
 
 async fn fork(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<api::SandboxForkRequest>,
 ) -> Result<(StatusCode, Json<Vec<api::SandboxForkResult>>), ApiError> {
+    key.sandbox(&state, &id).await?;
     let outcomes = state.lifecycle.fork(&id, body.count, body.timeout).await?;
     let results = outcomes
         .into_iter()
@@ -72,10 +73,11 @@ async fn fork(
 
 async fn create(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
     OptionalJson(body): OptionalJson<api::SandboxSnapshotRequest>,
 ) -> Result<(StatusCode, Json<api::SnapshotInfo>), ApiError> {
+    key.sandbox(&state, &id).await?;
     if body.memory == Some(false) {
         return Err(ApiError {
             status: StatusCode::BAD_REQUEST,
@@ -94,11 +96,12 @@ fn encode_token(record: &SnapshotRecord) -> String {
 
 async fn list(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     query: QueryPairs,
 ) -> Result<Response, ApiError> {
     let limit = paging::limit(&query)?;
     let filter = SnapshotFilter {
+        team_id: Some(key.team().to_string()),
         sandbox_id: query.get("sandboxID").map(str::to_string),
         name: query.get("name").map(str::to_string),
         after: query
@@ -114,8 +117,13 @@ async fn list(
 }
 
 /// Delete snapshot `id` (or name): 204, or 404 when there is none.
-pub(super) async fn delete_by_id(state: &AppState, id: &str) -> Result<StatusCode, ApiError> {
-    if state.lifecycle.delete_snapshot(id).await? {
+pub(super) async fn delete_by_id(
+    state: &AppState,
+    key: &Authenticated,
+    id: &str,
+) -> Result<StatusCode, ApiError> {
+    let snapshot = key.snapshot(state, id).await?;
+    if state.lifecycle.delete_snapshot(&snapshot.id).await? {
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::not_found(format!("snapshot '{id}' not found")))
@@ -124,8 +132,8 @@ pub(super) async fn delete_by_id(state: &AppState, id: &str) -> Result<StatusCod
 
 async fn remove(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    delete_by_id(&state, &id).await
+    delete_by_id(&state, &key, &id).await
 }

@@ -119,22 +119,23 @@ fn template(record: &TemplateRecord) -> api::Template {
 
 async fn list(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
 ) -> Result<Json<Vec<api::Template>>, ApiError> {
     let records = state.lifecycle.store().list_templates().await?;
-    Ok(Json(records.iter().map(template).collect()))
+    let visible = records
+        .iter()
+        .filter(|t| t.public || t.team_id == key.team());
+    Ok(Json(visible.map(template).collect()))
 }
 
 /// The SDK's `Sandbox.delete_snapshot` calls this: snapshots are templates in E2B's model. Deleting a
 /// built template is not offered yet.
 async fn get_one(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(id): Path<String>,
 ) -> Result<Json<api::TemplateWithBuilds>, ApiError> {
-    let Some(record) = state.lifecycle.store().get_template(&id).await? else {
-        return Err(ApiError::not_found(format!("template '{id}' not found")));
-    };
+    let record = key.visible_template(&state, &id).await?;
     let build = api::TemplateBuild {
         build_id: record.build_id.clone(),
         status: status(&record),
@@ -178,7 +179,7 @@ fn requested(build: RequestedBuild, tags: Vec<String>) -> api::TemplateRequestRe
 /// `POST /v3/templates` (and `/v2/templates`): hand out the template and build ids of a new build.
 async fn request_build_v3(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     ApiJson(body): ApiJson<api::TemplateBuildRequestV3>,
 ) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
     let Some(name) = body.name.as_deref().or(body.alias.as_deref()) else {
@@ -188,6 +189,7 @@ async fn request_build_v3(
     let build = state
         .builds
         .request(BuildRequest {
+            team_id: key.team().to_string(),
             name: Some(name),
             cpu_count: body.cpu_count,
             memory_mb: body.memory_mb,
@@ -200,12 +202,13 @@ async fn request_build_v3(
 /// Legacy `POST /templates`: a Dockerfile build, started with `POST /templates/{id}/builds/{buildID}`.
 async fn request_dockerfile_build(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     ApiJson(body): ApiJson<api::TemplateBuildRequest>,
 ) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
     let build = state
         .builds
         .request(BuildRequest {
+            team_id: key.team().to_string(),
             name: body.alias,
             cpu_count: body.cpu_count,
             memory_mb: body.memory_mb,
@@ -223,11 +226,11 @@ async fn request_dockerfile_build(
 /// `GET /templates/{id}/files/{hash}`: is the archive here, and if not, where to PUT it.
 async fn upload_link(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     headers: HeaderMap,
     Path((id, hash)): Path<(String, String)>,
 ) -> Result<(StatusCode, Json<api::TemplateBuildFileUpload>), ApiError> {
-    let template = state.builds.known_template(&id).await?;
+    let template = key.owned_template(&state, &id).await?;
     if state.builds.files_present(&template.id, &hash).await? {
         return Ok((
             StatusCode::CREATED,
@@ -286,11 +289,11 @@ async fn upload(
 /// `POST /v2/templates/{id}/builds/{buildID}`: start a requested build from the SDK's steps.
 async fn start_sdk_build(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path((id, build_id)): Path<(String, String)>,
     ApiJson(body): ApiJson<TemplateBuildStartV2>,
 ) -> Result<StatusCode, ApiError> {
-    let template = state.builds.known_template(&id).await?;
+    let template = key.owned_template(&state, &id).await?;
     let builds = std::sync::Arc::clone(&state.builds);
     tokio::task::spawn_blocking(move || builds.start_sdk(&template.id, &build_id, &body))
         .await
@@ -301,11 +304,11 @@ async fn start_sdk_build(
 /// Legacy `POST /templates/{id}/builds/{buildID}`: start a Dockerfile build.
 async fn start_dockerfile_build(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path((id, build_id)): Path<(String, String)>,
     OptionalJson(_body): OptionalJson<serde_json::Value>,
 ) -> Result<StatusCode, ApiError> {
-    let template = state.builds.known_template(&id).await?;
+    let template = key.owned_template(&state, &id).await?;
     let builds = std::sync::Arc::clone(&state.builds);
     tokio::task::spawn_blocking(move || builds.start_dockerfile(&template.id, &build_id))
         .await
@@ -316,7 +319,7 @@ async fn start_dockerfile_build(
 /// `GET /templates/{id}/builds/{buildID}/status?logsOffset=&limit=&level=`.
 async fn build_status(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     query: QueryPairs,
     Path((id, build_id)): Path<(String, String)>,
 ) -> Result<Json<TemplateBuildInfo>, ApiError> {
@@ -344,6 +347,7 @@ async fn build_status(
             )))
         }
     };
+    key.visible_template(&state, &id).await?;
     let info = state
         .builds
         .status(&id, &build_id, offset, limit, level)
@@ -355,7 +359,7 @@ async fn build_status(
 /// unless forced), or else a snapshot of that id.
 async fn delete(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     query: QueryPairs,
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
@@ -368,25 +372,29 @@ async fn delete(
             )))
         }
     };
-    match state.builds.delete(&id, force).await {
-        Ok(()) => Ok(StatusCode::NO_CONTENT),
+    match key.owned_template(&state, &id).await {
+        Ok(template) => {
+            state.builds.delete(&template.id, force).await?;
+            Ok(StatusCode::NO_CONTENT)
+        }
         // Snapshots are templates to the SDK too.
-        Err(BuildsError::TemplateNotFound(_)) => super::snapshots::delete_by_id(&state, &id).await,
-        Err(other) => Err(other.into()),
+        Err(e) if e.status == StatusCode::NOT_FOUND => {
+            super::snapshots::delete_by_id(&state, &key, &id).await
+        }
+        Err(other) => Err(other),
     }
 }
 
 /// `GET /templates/aliases/{alias}`.
 async fn alias(
     State(state): State<AppState>,
-    _key: Authenticated,
+    key: Authenticated,
     Path(alias): Path<String>,
 ) -> Result<Json<api::TemplateAliasResponse>, ApiError> {
-    let Some(record) = state.lifecycle.store().get_template(&alias).await? else {
-        return Err(ApiError::not_found(format!(
-            "template alias '{alias}' not found"
-        )));
-    };
+    let record = key
+        .visible_template(&state, &alias)
+        .await
+        .map_err(|_| ApiError::not_found(format!("template alias '{alias}' not found")))?;
     Ok(Json(api::TemplateAliasResponse {
         template_id: record.id,
         public: record.public,

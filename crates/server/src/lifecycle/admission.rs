@@ -2,7 +2,7 @@
 //! limits.
 
 use crate::config::Limits;
-use crate::store::{PauseKind, SandboxRecord};
+use crate::store::{PauseKind, SandboxRecord, TeamRecord};
 
 /// What a sandbox asks for.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -27,6 +27,8 @@ pub enum AdmissionError {
     Vcpus { used: f64, requested: f64, max: f64 },
     #[error("memory limit reached: {used} MiB in use + {requested} MiB requested > {max} MiB")]
     Memory { used: u64, requested: u64, max: u64 },
+    #[error("team {team} quota reached: {what}")]
+    TeamQuota { team: String, what: String },
 }
 
 impl Usage {
@@ -68,6 +70,38 @@ pub fn admit(limits: &Limits, usage: Usage, request: Request) -> Result<(), Admi
             requested: request.memory_mib,
             max: limits.max_total_memory_mib,
         });
+    }
+    Ok(())
+}
+
+/// Admit `request` for `team`, whose sandboxes hold `usage`, against the team's own quotas.
+pub fn admit_team(team: &TeamRecord, usage: Usage, request: Request) -> Result<(), AdmissionError> {
+    let refuse = |what: String| {
+        Err(AdmissionError::TeamQuota {
+            team: team.name.clone(),
+            what,
+        })
+    };
+    if let Some(max) = team.max_sandboxes {
+        if usage.sandboxes >= max {
+            return refuse(format!("{} of {max} sandboxes in use", usage.sandboxes));
+        }
+    }
+    if let Some(max) = team.max_vcpus {
+        if usage.vcpus + request.vcpus > max + f64::EPSILON {
+            return refuse(format!(
+                "{} vCPUs in use + {} requested > {max}",
+                usage.vcpus, request.vcpus
+            ));
+        }
+    }
+    if let Some(max) = team.max_memory_mib {
+        if usage.memory_mib + request.memory_mib > max {
+            return refuse(format!(
+                "{} MiB in use + {} MiB requested > {max} MiB",
+                usage.memory_mib, request.memory_mib
+            ));
+        }
     }
     Ok(())
 }

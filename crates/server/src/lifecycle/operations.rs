@@ -86,6 +86,8 @@ pub enum RouteError {
 /// A validated create request.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CreateRequest {
+    /// The team the sandbox belongs to (the API key's).
+    pub team_id: String,
     pub template: String,
     pub timeout: Option<i64>,
     pub auto_pause: bool,
@@ -362,8 +364,14 @@ impl Lifecycle {
         }
     }
 
-    async fn template(&self, id_or_alias: &str) -> Result<TemplateRecord, LifecycleError> {
-        match self.store.get_template(id_or_alias).await? {
+    /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
+    async fn template(
+        &self,
+        team_id: &str,
+        id_or_alias: &str,
+    ) -> Result<TemplateRecord, LifecycleError> {
+        let visible = |t: &TemplateRecord| t.public || t.team_id == team_id;
+        match self.store.get_template(id_or_alias).await?.filter(visible) {
             Some(template) if template.status == "ready" => Ok(template),
             Some(template) => Err(LifecycleError::Conflict(format!(
                 "template '{id_or_alias}' is not ready (status {})",
@@ -401,8 +409,12 @@ impl Lifecycle {
 
     /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
     /// build left one, else a cold start on its layers), or else a snapshot of that id or name.
-    async fn start_source(&self, id_or_alias: &str) -> Result<StartSource, LifecycleError> {
-        match self.template(id_or_alias).await {
+    async fn start_source(
+        &self,
+        team_id: &str,
+        id_or_alias: &str,
+    ) -> Result<StartSource, LifecycleError> {
+        match self.template(team_id, id_or_alias).await {
             Ok(template) => {
                 let (checkpoint, cold_start) = template_start(&self.config, &template);
                 Ok(StartSource {
@@ -419,7 +431,8 @@ impl Lifecycle {
                 })
             }
             Err(LifecycleError::TemplateNotFound(name)) => {
-                let Some(snapshot) = self.store.get_snapshot(&name).await? else {
+                let snapshot = self.store.get_snapshot(&name).await?;
+                let Some(snapshot) = snapshot.filter(|s| s.team_id == team_id) else {
                     return Err(LifecycleError::TemplateNotFound(name));
                 };
                 Ok(StartSource {
@@ -442,10 +455,13 @@ impl Lifecycle {
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
         let timeout = self.timeout_millis(request.timeout)?;
-        let source = self.start_source(&request.template).await?;
+        let source = self
+            .start_source(&request.team_id, &request.template)
+            .await?;
         let now = now_millis();
         let record = SandboxRecord {
             id: new_sandbox_id(),
+            team_id: request.team_id,
             template_id: source.template_id.clone(),
             alias: source.alias.clone(),
             client_id: CLIENT_ID.to_string(),
@@ -506,7 +522,15 @@ impl Lifecycle {
                 vcpus: record.vcpus,
                 memory_mib: record.memory_mib,
             };
-            if let Err(refused) = admission::admit(&self.config.limits, Usage::of(&live), request) {
+            let team = self.store.get_team(&record.team_id).await?;
+            let team_live = live.iter().filter(|s| s.team_id == record.team_id);
+            let refused = admission::admit(&self.config.limits, Usage::of(&live), request)
+                .err()
+                .or_else(|| {
+                    let team = team.as_ref()?;
+                    admission::admit_team(team, Usage::of(team_live), request).err()
+                });
+            if let Some(refused) = refused {
                 self.metrics.admission_refused();
                 self.forget_lock(&record.id);
                 return Err(refused.into());

@@ -223,6 +223,7 @@ impl Lifecycle {
             .await?;
         let record = SnapshotRecord {
             id: snapshot_id,
+            team_id: source.team_id.clone(),
             name,
             sandbox_id: source.id.clone(),
             template_id: source.template_id.clone(),

@@ -59,6 +59,24 @@ pub struct ApiKeyRecord {
     pub created_at: Millis,
     pub last_used_at: Option<Millis>,
     pub revoked_at: Option<Millis>,
+    /// The team whose sandboxes, snapshots and templates the key sees and acts on.
+    pub team_id: String,
+    /// Also manages teams and keys.
+    pub admin: bool,
+}
+
+/// The team every installation starts with (keys made before teams existed belong to it).
+pub const DEFAULT_TEAM: &str = "team_default";
+
+/// A team: the unit of tenancy. `None` quotas leave only the node's own limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TeamRecord {
+    pub id: String,
+    pub name: String,
+    pub max_sandboxes: Option<u32>,
+    pub max_vcpus: Option<f64>,
+    pub max_memory_mib: Option<u64>,
+    pub created_at: Millis,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -75,6 +93,8 @@ pub struct TemplateRecord {
     pub disk_mib: u64,
     pub envd_version: String,
     pub public: bool,
+    /// The team that owns it; others see it only when `public`.
+    pub team_id: String,
     pub spawn_count: u64,
     pub last_spawned_at: Option<Millis>,
     pub created_at: Millis,
@@ -110,6 +130,7 @@ impl PauseKind {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxRecord {
     pub id: String,
+    pub team_id: String,
     pub template_id: String,
     pub alias: Option<String>,
     pub client_id: String,
@@ -160,6 +181,7 @@ pub struct TransitionUpdate {
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotRecord {
     pub id: String,
+    pub team_id: String,
     pub name: Option<String>,
     /// The sandbox it was taken from.
     pub sandbox_id: String,
@@ -210,6 +232,8 @@ impl ChecksumStatus {
 /// Filter of [`Store::list_snapshots`]; newest first.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SnapshotFilter {
+    /// Only this team's snapshots.
+    pub team_id: Option<String>,
     pub sandbox_id: Option<String>,
     /// Matches the id or the name.
     pub name: Option<String>,
@@ -221,6 +245,8 @@ pub struct SnapshotFilter {
 /// Filter of [`Store::list_sandboxes`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SandboxFilter {
+    /// Only this team's sandboxes.
+    pub team_id: Option<String>,
     /// Any of these states; empty means every state.
     pub states: Vec<SandboxState>,
     /// Every pair must match.
@@ -247,6 +273,11 @@ pub trait Store: Send + Sync {
     ) -> Result<Option<ApiKeyRecord>, StoreError>;
     /// Revoke by id or name; returns how many keys were revoked.
     async fn revoke_api_key(&self, id_or_name: &str, now: Millis) -> Result<u64, StoreError>;
+
+    // Teams
+    async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError>;
+    async fn get_team(&self, id_or_name: &str) -> Result<Option<TeamRecord>, StoreError>;
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>, StoreError>;
 
     // Templates
     async fn upsert_template(&self, template: &TemplateRecord) -> Result<(), StoreError>;

@@ -15,7 +15,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
     sqlite_snapshots, ApiKeyRecord, ChecksumStatus, Millis, PauseKind, SandboxEvent, SandboxFilter,
-    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TemplateRecord,
+    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
     TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
@@ -89,6 +89,23 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
         created_at: row.try_get("created_at")?,
         last_used_at: row.try_get("last_used_at")?,
         revoked_at: row.try_get("revoked_at")?,
+        team_id: row.try_get("team_id")?,
+        admin: row.try_get("admin")?,
+    })
+}
+
+fn team_from_row(row: &SqliteRow) -> Result<TeamRecord, StoreError> {
+    Ok(TeamRecord {
+        id: row.try_get("id")?,
+        name: row.try_get("name")?,
+        max_sandboxes: row
+            .try_get::<Option<i64>, _>("max_sandboxes")?
+            .map(|n| n as u32),
+        max_vcpus: row.try_get("max_vcpus")?,
+        max_memory_mib: row
+            .try_get::<Option<i64>, _>("max_memory_mib")?
+            .map(|n| n as u64),
+        created_at: row.try_get("created_at")?,
     })
 }
 
@@ -107,6 +124,7 @@ fn template_from_row(row: &SqliteRow) -> Result<TemplateRecord, StoreError> {
         disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
         envd_version: row.try_get("envd_version")?,
         public: row.try_get("public")?,
+        team_id: row.try_get("team_id")?,
         spawn_count: row.try_get::<i64, _>("spawn_count")? as u64,
         last_spawned_at: row.try_get("last_spawned_at")?,
         created_at: row.try_get("created_at")?,
@@ -140,6 +158,7 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         None => None,
     };
     Ok(SandboxRecord {
+        team_id: row.try_get("team_id")?,
         state: parse_state(&id, &state)?,
         template_id: row.try_get("template_id")?,
         alias: row.try_get("alias")?,
@@ -190,8 +209,8 @@ fn event_from_row(row: &SqliteRow) -> Result<SandboxEvent, StoreError> {
 impl Store for SqliteStore {
     async fn insert_api_key(&self, key: &ApiKeyRecord) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO api_keys (id, name, prefix, secret_hash, created_at, last_used_at, revoked_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO api_keys (id, name, prefix, secret_hash, created_at, last_used_at, revoked_at, \
+             team_id, admin) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&key.id)
         .bind(&key.name)
@@ -200,9 +219,46 @@ impl Store for SqliteStore {
         .bind(key.created_at)
         .bind(key.last_used_at)
         .bind(key.revoked_at)
+        .bind(&key.team_id)
+        .bind(key.admin)
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO teams (id, name, max_sandboxes, max_vcpus, max_memory_mib, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&team.id)
+        .bind(&team.name)
+        .bind(team.max_sandboxes.map(i64::from))
+        .bind(team.max_vcpus)
+        .bind(team.max_memory_mib.map(|n| n as i64))
+        .bind(team.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn get_team(&self, id_or_name: &str) -> Result<Option<TeamRecord>, StoreError> {
+        let row = sqlx::query(
+            "SELECT * FROM teams WHERE id = ? OR name = ? ORDER BY id = ? DESC LIMIT 1",
+        )
+        .bind(id_or_name)
+        .bind(id_or_name)
+        .bind(id_or_name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(team_from_row).transpose()
+    }
+
+    async fn list_teams(&self) -> Result<Vec<TeamRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM teams ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter().map(team_from_row).collect()
     }
 
     async fn list_api_keys(&self) -> Result<Vec<ApiKeyRecord>, StoreError> {
@@ -256,8 +312,8 @@ impl Store for SqliteStore {
     async fn upsert_template(&self, t: &TemplateRecord) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO templates (id, aliases, layers, build_id, status, vcpus, memory_mib, disk_mib, \
-             envd_version, public, spawn_count, last_spawned_at, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             envd_version, public, spawn_count, last_spawned_at, created_at, updated_at, team_id) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (id) DO UPDATE SET aliases = excluded.aliases, layers = excluded.layers, \
              build_id = excluded.build_id, status = excluded.status, vcpus = excluded.vcpus, \
              memory_mib = excluded.memory_mib, disk_mib = excluded.disk_mib, \
@@ -277,6 +333,7 @@ impl Store for SqliteStore {
         .bind(t.last_spawned_at)
         .bind(t.created_at)
         .bind(t.updated_at)
+        .bind(&t.team_id)
         .execute(&self.pool)
         .await?;
         Ok(())
@@ -327,8 +384,8 @@ impl Store for SqliteStore {
         sqlx::query(
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
-             init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -352,6 +409,7 @@ impl Store for SqliteStore {
         .bind(s.started_at)
         .bind(s.end_at)
         .bind(s.updated_at)
+        .bind(&s.team_id)
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -381,6 +439,9 @@ impl Store for SqliteStore {
     ) -> Result<Vec<SandboxRecord>, StoreError> {
         let mut query: QueryBuilder<Sqlite> =
             QueryBuilder::new("SELECT * FROM sandboxes WHERE 1 = 1");
+        if let Some(team) = &filter.team_id {
+            query.push(" AND team_id = ").push_bind(team.clone());
+        }
         if !filter.states.is_empty() {
             query.push(" AND state IN (");
             let mut states = query.separated(", ");
@@ -594,10 +655,12 @@ async fn insert_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::DEFAULT_TEAM;
 
     fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
         SandboxRecord {
             id: id.to_string(),
+            team_id: DEFAULT_TEAM.to_string(),
             template_id: "base".to_string(),
             alias: None,
             client_id: "warren".to_string(),
@@ -732,6 +795,50 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn teams_scope_keys_and_sandbox_lists() {
+        let (store, _dir) = store().await;
+        // The migration made the default team.
+        let default = store
+            .get_team("default")
+            .await
+            .unwrap()
+            .expect("default team");
+        assert_eq!(default.id, DEFAULT_TEAM);
+        let team = TeamRecord {
+            id: "team_b".to_string(),
+            name: "b".to_string(),
+            max_sandboxes: Some(2),
+            max_vcpus: Some(1.5),
+            max_memory_mib: None,
+            created_at: 5,
+        };
+        store.insert_team(&team).await.unwrap();
+        assert_eq!(store.get_team("b").await.unwrap(), Some(team.clone()));
+        assert_eq!(store.get_team("team_b").await.unwrap(), Some(team.clone()));
+        assert!(store.insert_team(&team).await.is_err(), "duplicate team");
+        assert_eq!(store.list_teams().await.unwrap().len(), 2);
+        let mut mine = sandbox("sbx-a", 1);
+        mine.team_id = "team_b".to_string();
+        store.insert_sandbox(&mine).await.unwrap();
+        store.insert_sandbox(&sandbox("sbx-d", 2)).await.unwrap();
+        let only_b = store
+            .list_sandboxes(&SandboxFilter {
+                team_id: Some("team_b".to_string()),
+                ..SandboxFilter::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(only_b.len(), 1);
+        assert_eq!(only_b[0].id, "sbx-a");
+        assert_eq!(only_b[0].team_id, "team_b");
+        let all = store
+            .list_sandboxes(&SandboxFilter::default())
+            .await
+            .unwrap();
+        assert_eq!(all.len(), 2);
+    }
+
+    #[tokio::test]
     async fn keys_are_found_by_hash_until_revoked() {
         let (store, _dir) = store().await;
         let key = ApiKeyRecord {
@@ -742,6 +849,8 @@ mod tests {
             created_at: 1,
             last_used_at: None,
             revoked_at: None,
+            team_id: DEFAULT_TEAM.to_string(),
+            admin: false,
         };
         store.insert_api_key(&key).await.unwrap();
         let used = store.use_api_key("hash", 7).await.unwrap().unwrap();
@@ -774,6 +883,7 @@ mod tests {
             disk_mib: 1,
             envd_version: "0".to_string(),
             public: false,
+            team_id: DEFAULT_TEAM.to_string(),
             spawn_count: 0,
             last_spawned_at: None,
             created_at: 1,

@@ -30,6 +30,7 @@ fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
     let dir: String = row.try_get("dir")?;
     let status: String = row.try_get("checksum_status")?;
     Ok(SnapshotRecord {
+        team_id: row.try_get("team_id")?,
         name: row.try_get("name")?,
         sandbox_id: row.try_get("sandbox_id")?,
         template_id: row.try_get("template_id")?,
@@ -52,8 +53,8 @@ pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), 
     let layers = serde_json::to_string(&s.layers).unwrap_or_else(|_| "[]".to_string());
     sqlx::query(
         "INSERT INTO snapshots (id, name, sandbox_id, template_id, layers, dir, size_bytes, \
-         checksum_status, vcpus, memory_mib, disk_mib, envd_access_token, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         checksum_status, vcpus, memory_mib, disk_mib, envd_access_token, created_at, team_id) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&s.id)
     .bind(&s.name)
@@ -68,6 +69,7 @@ pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), 
     .bind(s.disk_mib as i64)
     .bind(&s.envd_access_token)
     .bind(s.created_at)
+    .bind(&s.team_id)
     .execute(pool)
     .await?;
     Ok(())
@@ -94,6 +96,9 @@ pub(super) async fn list(
     filter: &SnapshotFilter,
 ) -> Result<Vec<SnapshotRecord>, StoreError> {
     let mut query: QueryBuilder<Sqlite> = QueryBuilder::new("SELECT * FROM snapshots WHERE 1 = 1");
+    if let Some(team) = &filter.team_id {
+        query.push(" AND team_id = ").push_bind(team.clone());
+    }
     if let Some(sandbox_id) = &filter.sandbox_id {
         query
             .push(" AND sandbox_id = ")

@@ -68,6 +68,8 @@ pub struct DockerfileBuild {
 /// A build request.
 #[derive(Debug, Clone, Default)]
 pub struct BuildRequest {
+    /// The team that builds (and then owns) the template.
+    pub team_id: String,
     /// Template name (alias); an unnamed request gets a new template.
     pub name: Option<String>,
     pub cpu_count: Option<u32>,
@@ -177,7 +179,14 @@ impl TemplateBuilds {
                 if name == BASE_TEMPLATE_ID {
                     return Err(BuildsError::BuiltIn(name.clone()));
                 }
-                self.store.get_template(name).await?
+                match self.store.get_template(name).await? {
+                    Some(other) if other.team_id != request.team_id => {
+                        return Err(BuildsError::Conflict(format!(
+                            "template name '{name}' belongs to another team"
+                        )))
+                    }
+                    found => found,
+                }
             }
             None => None,
         };
@@ -200,6 +209,7 @@ impl TemplateBuilds {
                         disk_mib: self.defaults.disk_mib,
                         envd_version: ENVD_VERSION.to_string(),
                         public: false,
+                        team_id: request.team_id.clone(),
                         spawn_count: 0,
                         last_spawned_at: None,
                         created_at: now,

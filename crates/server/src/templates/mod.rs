@@ -35,6 +35,7 @@ pub async fn ensure_base_template(
         disk_mib: resources.disk_mib,
         envd_version: ENVD_VERSION.to_string(),
         public: true,
+        team_id: crate::store::DEFAULT_TEAM.to_string(),
         spawn_count: existing.as_ref().map_or(0, |t| t.spawn_count),
         last_spawned_at: existing.as_ref().and_then(|t| t.last_spawned_at),
         created_at: existing.as_ref().map_or(now, |t| t.created_at),

@@ -92,6 +92,18 @@ impl Harness {
         send(method, &url, &[("X-API-Key", &self.server.api_key)], body).await
     }
 
+    /// The same request with another API key.
+    pub async fn api_as(
+        &self,
+        key: &str,
+        method: Method,
+        path: &str,
+        body: Option<serde_json::Value>,
+    ) -> Answer {
+        let url = format!("{}{}", self.server.api_url, path);
+        send(method, &url, &[("X-API-Key", key)], body).await
+    }
+
     pub async fn create(&self, body: serde_json::Value) -> serde_json::Value {
         let answer = self.api(Method::POST, "/v2/sandboxes", Some(body)).await;
         assert_eq!(
@@ -107,4 +119,18 @@ impl Harness {
         let url = format!("{}{}", self.server.sandbox_url, path);
         send(Method::GET, &url, headers, None).await
     }
+}
+
+/// `answer` has `status` and E2B's error body `{code, message}` whose message contains `needle`.
+pub fn assert_error(answer: &Answer, status: StatusCode, needle: &str) {
+    assert_eq!(
+        answer.status,
+        status,
+        "{}",
+        String::from_utf8_lossy(&answer.body)
+    );
+    let body = answer.json();
+    assert_eq!(body["code"], serde_json::json!(status.as_u16()));
+    let message = body["message"].as_str().unwrap();
+    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
 }
