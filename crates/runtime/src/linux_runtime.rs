@@ -274,6 +274,7 @@ impl LinuxRuntime {
                 ip,
             },
             no_new_privs: self.config.no_new_privs,
+            net_raw: spec.network.raw_sockets,
             restore: restore_plan,
         };
         let prepared = started.elapsed();
