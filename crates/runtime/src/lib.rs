@@ -16,7 +16,7 @@
 //! [`seccomp`], [`capabilities`], [`network`] (bridge, veth, address leases, nftables), [`supervisor`].
 //!
 //! No user namespace: the sandbox's root is the host's uid 0 with Docker's default capability set (minus
-//! CAP_MKNOD), a seccomp deny list, `no_new_privs` and a masked /proc, like a default Docker container.
+//! CAP_MKNOD and, unless [`NetworkSpec::raw_sockets`] asks for it, CAP_NET_RAW), a seccomp deny list, `no_new_privs` and a masked /proc, like a default Docker container.
 //! A user namespace would need id-mapped (or chowned) template layers, cannot mknod the sandbox's own
 //! /dev nodes, and adds the userns to everything CRIU must dump and restore; the isolation tests hold
 //! without it.
@@ -76,6 +76,11 @@ pub struct Resources {
 pub struct NetworkSpec {
     /// NAT to the host's uplink when true; loopback and the host bridge only when false.
     pub allow_internet: bool,
+    /// Keep CAP_NET_RAW (raw and packet sockets: tcpdump, traceroute's raw modes, hand-made
+    /// frames). Off by default; `ping` works without it through ICMP datagram sockets. The bridge's
+    /// port binding holds either way (docs/network.md), so this widens what a sandbox can send on
+    /// its own link, not whom it can impersonate.
+    pub raw_sockets: bool,
 }
 
 /// Everything needed to start a sandbox.

@@ -25,9 +25,6 @@ use crate::{
 /// Sandboxes younger than this without a state record are still being created; `list` leaves them be.
 const CREATE_GRACE: Duration = Duration::from_secs(120);
 
-/// File in a sandbox dir saying its address was given internet access (firewall state to undo).
-const INTERNET_MARKER: &str = "internet";
-
 /// Samples older than this are not used for CPU % (a fresh window is taken instead).
 const SAMPLE_MAX_AGE: Duration = Duration::from_secs(30);
 
@@ -86,11 +83,8 @@ impl LinuxRuntime {
             path: sandboxes.clone(),
             source,
         })?;
-        firewall::ensure_ruleset(
-            &config.bridge,
-            &subnet_cidr(config.gateway, config.subnet_prefix),
-        )
-        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        firewall::ensure_ruleset(&config.bridge, config.gateway, config.subnet_prefix)
+            .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
         let addresses = AddressPool::new(
             &config.state_dir,
             &config.bridge,
@@ -248,14 +242,15 @@ impl LinuxRuntime {
         }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
-        if spec.network.allow_internet {
-            // Marks that teardown has firewall state to remove (nft is only run for such sandboxes).
-            let marker = dir.join(INTERNET_MARKER);
-            std::fs::write(&marker, ip.to_string())
-                .map_err(io_error(format!("write {}", marker.display())))?;
-        }
-        // nft runs while the supervisor builds the sandbox; it is waited for before create returns.
-        let egress = firewall::apply_egress(ip, &spec.network).map_err(other)?;
+        let network_plan = NetworkPlan {
+            bridge: self.config.bridge.clone(),
+            gateway: self.config.gateway,
+            prefix: self.config.subnet_prefix,
+            ip,
+        };
+        // nft runs while the supervisor builds the sandbox; it is waited for before create returns
+        // (and before a restored sandbox's link comes up).
+        let admitted = firewall::admit(&network_plan, &spec.network).map_err(other)?;
         let overlay_options =
             sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
                 .map_err(other)?;
@@ -267,13 +262,9 @@ impl LinuxRuntime {
             agent_binary: self.config.agent_binary.clone(),
             cgroup_procs: cgroup.procs_files(),
             netns_pin: dir.join("netns"),
-            network: NetworkPlan {
-                bridge: self.config.bridge.clone(),
-                gateway: self.config.gateway,
-                prefix: self.config.subnet_prefix,
-                ip,
-            },
+            network: network_plan,
             no_new_privs: self.config.no_new_privs,
+            net_raw: spec.network.raw_sockets,
             restore: restore_plan,
         };
         let prepared = started.elapsed();
@@ -298,6 +289,8 @@ impl LinuxRuntime {
         };
         record.write(dir).map_err(other)?;
         let launched_at = started.elapsed();
+        // The port's binding is in place before anything of the sandbox is reachable.
+        admitted.wait().map_err(other)?;
         if restore.is_some() {
             // The supervisor kept the host side down while CRIU restored the sockets.
             let host = network::veth_name("wv", ip);
@@ -305,7 +298,6 @@ impl LinuxRuntime {
                 .map_err(|e| RuntimeError::Other(format!("bring {host} up after restore: {e}")))?;
             forget_neighbour(&self.config.bridge, ip);
         }
-        egress.wait().map_err(other)?;
         self.wait_for_agent(&record, &disk)?;
         tracing::debug!(
             sandbox = %spec.id,
@@ -391,16 +383,28 @@ impl LinuxRuntime {
             wait_supervisor_exit(record.supervisor_pid);
         }
         let leases = self.addresses.leases_of(id);
-        let had_internet = dir.join(INTERNET_MARKER).exists();
+        // The bindings go while the rest is taken apart (nothing of the sandbox runs any more).
+        let mut withdrawn = Vec::new();
         for ip in &leases {
-            if had_internet {
-                firewall::remove_egress(*ip).map_err(other)?;
-            }
-            delete_host_link(&network::veth_name("wv", *ip))?;
+            let plan = NetworkPlan {
+                bridge: self.config.bridge.clone(),
+                gateway: self.config.gateway,
+                prefix: self.config.subnet_prefix,
+                ip: *ip,
+            };
+            withdrawn.push(firewall::withdraw(&plan).map_err(other)?);
+            delete_host_link(&plan.host_veth())?;
         }
         namespaces::remove_pinned_netns(&dir.join("netns")).map_err(other)?;
         LayerDisk::at(&dir).unmount().map_err(other)?;
         cgroup.remove().map_err(other)?;
+        for run in withdrawn {
+            // A failure means the tables are gone (flushed by hand): nothing of the sandbox is left
+            // in them either. Either way the run is over before the address can be leased again.
+            if let Err(e) = run.wait() {
+                tracing::warn!(sandbox = %id, error = %crate::supervisor_error_chain(&e), "withdraw the port binding");
+            }
+        }
         for ip in leases {
             self.addresses.release(ip, id).map_err(other)?;
         }
@@ -476,11 +480,6 @@ impl LinuxRuntime {
             })
             .ok_or_else(|| RuntimeError::Other(format!("no process {pid} in sandbox {id}")))
     }
-}
-
-fn subnet_cidr(gateway: Ipv4Addr, prefix: u8) -> String {
-    let mask = u32::MAX << (32 - u32::from(prefix));
-    format!("{}/{prefix}", Ipv4Addr::from(u32::from(gateway) & mask))
 }
 
 /// IDs become hostnames, directory and cgroup names: keep them to a safe alphabet.
@@ -855,10 +854,5 @@ mod tests {
         for bad in ["", ".x", "-x", "a/b", "a b", &"x".repeat(64)] {
             assert!(validate_id(bad).is_err(), "{bad:?} must be refused");
         }
-    }
-
-    #[test]
-    fn subnet_is_the_network_address() {
-        assert_eq!(subnet_cidr(Ipv4Addr::new(10, 77, 0, 1), 16), "10.77.0.0/16");
     }
 }

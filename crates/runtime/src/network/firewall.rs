@@ -1,18 +1,27 @@
-//! nftables rules of the sandbox network, in table `ip warren` and `bridge warren`:
-//! - sandboxes cannot reach each other (bridge-level drop between sandbox ports `wv-*`);
+//! nftables rules of the sandbox network, in tables `ip warren` and `bridge warren` (docs/network.md
+//! has the model and what each rule stops):
+//! - every sandbox port (`wv-*`) is bound to its sandbox's MAC and address (set `ports`, one element
+//!   per sandbox): the bridge drops ARP and IPv4 whose sender is not the port's own, and everything
+//!   else (IPv6, VLAN tags, other ethertypes), so no sandbox can poison the host's neighbour cache,
+//!   teach the bridge another sandbox's MAC, or send as another sandbox's address;
+//! - the host's unicast frames go out of a sandbox port only when addressed to that port's own MAC and
+//!   address, so unknown-unicast flooding never hands one sandbox another's traffic;
+//! - sandboxes cannot reach each other (bridge-level drop between sandbox ports);
 //! - sandboxes cannot open connections to the host (only replies to the host's own connections pass);
 //! - traffic leaving the bridge is forwarded and masqueraded only for addresses in set `internet`
-//!   (sandboxes created with `allow_internet`);
+//!   (sandboxes created with `allow_internet`; the port binding makes the source address trustworthy);
 //! - chain `egress` is jumped to for every forwarded sandbox packet before it is accepted: the hook where
-//!   per-sandbox egress allow/deny rules go ([`apply_egress`]).
+//!   per-sandbox egress allow/deny rules go.
 //!
-//! Rules are loaded with `nft -f -` (nftables has no stable netlink crate; the rules are installed once
-//! per host and touched per sandbox only when internet access is granted).
+//! Rules are loaded with `nft -f -` (nftables has no stable netlink crate). The tables are installed
+//! once per host and carry a version ([`RULESET_VERSION`]); per sandbox there is one nft run at create
+//! ([`admit`], concurrent with the supervisor) and one at destroy ([`withdraw`]).
 
 use std::io::Write;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
+use super::NetworkPlan;
 use crate::NetworkSpec;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +32,10 @@ pub enum FirewallError {
     Nft { what: String, stderr: String },
     #[error("enable IPv4 forwarding")]
     Forwarding(#[source] std::io::Error),
+    #[error("list the host's sandbox ports")]
+    Links(#[source] super::netlink::NetlinkError),
+    #[error("ruleset lock /run/warren/firewall.lock")]
+    Lock(#[source] std::io::Error),
 }
 
 pub const TABLE: &str = "warren";
@@ -87,19 +100,34 @@ impl Drop for PendingNft {
     }
 }
 
-fn table_exists(family: &str) -> bool {
-    Command::new("nft")
-        .args(["list", "table", family, TABLE])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+/// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
+/// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
+/// whenever the ruleset changes.
+pub const RULESET_VERSION: u32 = 2;
+
+fn version_marker() -> String {
+    format!("comment \"warren ruleset {RULESET_VERSION}\"")
 }
 
-/// The host-wide ruleset for `bridge` and `subnet`.
+/// `nft list table <family> warren`, or None when there is no such table.
+fn list_table(family: &str) -> Option<String> {
+    let output = Command::new("nft")
+        .args(["list", "table", family, TABLE])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    output
+        .status
+        .success()
+        .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
+}
+
+/// The host-wide ruleset for `bridge` and `subnet`. docs/network.md explains every rule.
 pub fn ruleset(bridge: &str, subnet: &str) -> String {
+    let marker = version_marker();
     format!(
         r#"table ip {TABLE} {{
+    {marker}
     set internet {{ type ipv4_addr; }}
     chain egress {{
     }}
@@ -124,63 +152,222 @@ pub fn ruleset(bridge: &str, subnet: &str) -> String {
     }}
 }}
 table bridge {TABLE} {{
+    {marker}
+    set ports {{ type ifname . ether_addr . ipv4_addr; }}
+    chain prerouting {{
+        type filter hook prerouting priority filter; policy accept;
+        iifname != "{PORT_PATTERN}" accept
+        arp htype 1 arp ptype ip arp hlen 6 arp plen 4 iifname . ether saddr . arp saddr ip @ports iifname . arp saddr ether . arp saddr ip @ports accept
+        iifname . ether saddr . ip saddr @ports accept
+        drop
+    }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
-        iifname "wv-*" oifname "wv-*" drop
+        iifname "{PORT_PATTERN}" oifname "{PORT_PATTERN}" drop
+    }}
+    chain output {{
+        type filter hook output priority filter; policy accept;
+        oifname != "{PORT_PATTERN}" accept
+        ether type arp ether daddr ff:ff:ff:ff:ff:ff accept
+        oifname . ether daddr . ip daddr @ports accept
+        oifname . ether daddr . arp daddr ip @ports accept
+        drop
     }}
 }}
 "#
     )
 }
 
-/// Installs the ruleset unless it is there already (it is shared by all sandboxes of the host).
-pub fn ensure_ruleset(bridge: &str, subnet: &str) -> Result<(), FirewallError> {
-    if table_exists("ip") && table_exists("bridge") {
-        return Ok(());
-    }
-    let reset = format!(
-        "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
-    );
-    nft(
-        "install the sandbox ruleset",
-        &(reset + &ruleset(bridge, subnet)),
-    )
+/// Names of the sandboxes' host-side veths (see [`super::NetworkPlan::host_veth`]).
+const PORT_PATTERN: &str = "wv-*";
+
+/// The element of set `ports` that binds sandbox port `plan.host_veth()` to the sandbox's MAC and
+/// address.
+pub fn port_element(plan: &NetworkPlan) -> String {
+    let mac = plan
+        .sandbox_mac()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":");
+    format!("\"{}\" . {mac} . {}", plan.host_veth(), plan.ip)
 }
 
-/// Grants or withholds internet access for `ip` and applies its egress rules.
-/// Starts the nft run that lets `ip` reach the internet if `spec` allows it, and withholds it
-/// otherwise; the run must be waited for before the sandbox is handed out.
+/// Installs the ruleset unless the current version is there already (it is shared by all sandboxes
+/// of the host). Tables of another version are replaced in one nft transaction that carries over
+/// what live sandboxes hold: the `internet` elements, and a port binding for every sandbox veth on
+/// the host (its address follows from its name and `network`, see [`enrolled_ports`]), so that
+/// upgrading Warren does not cut off the sandboxes it adopts.
+pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(), FirewallError> {
+    let network = super::network_address(gateway, prefix);
+    // Two runtimes starting at once must not both replace: the second would drop what the first's
+    // sandboxes added in between. The lock is host-wide, like the tables.
+    let lock = RulesetLock::take()?;
+    let ip_table = list_table("ip");
+    let bridge_table = list_table("bridge");
+    let marker = version_marker();
+    let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
+    if current(&ip_table) && current(&bridge_table) {
+        return Ok(());
+    }
+    let mut script = format!(
+        "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
+    );
+    script.push_str(&ruleset(bridge, &format!("{network}/{prefix}")));
+    let granted = ip_table.as_deref().map(listed_internet).unwrap_or_default();
+    if !granted.is_empty() {
+        let list: Vec<String> = granted.iter().map(Ipv4Addr::to_string).collect();
+        script.push_str(&format!(
+            "add element ip {TABLE} internet {{ {} }}\n",
+            list.join(", ")
+        ));
+    }
+    let ports = enrolled_ports(host_port_names()?, bridge, network, prefix);
+    if !ports.is_empty() {
+        let list: Vec<String> = ports.iter().map(port_element).collect();
+        script.push_str(&format!(
+            "add element bridge {TABLE} ports {{ {} }}\n",
+            list.join(", ")
+        ));
+    }
+    let result = nft("install the sandbox ruleset", &script);
+    drop(lock);
+    result
+}
+
+/// flock on `/run/warren/firewall.lock`, released when the file closes on drop.
+struct RulesetLock {
+    _file: std::fs::File,
+}
+
+impl RulesetLock {
+    fn take() -> Result<Self, FirewallError> {
+        use std::os::fd::AsRawFd;
+        let dir = std::path::Path::new("/run/warren");
+        std::fs::create_dir_all(dir).map_err(FirewallError::Lock)?;
+        let file = std::fs::File::create(dir.join("firewall.lock")).map_err(FirewallError::Lock)?;
+        // SAFETY: flock on an fd we own; released when the file is closed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(FirewallError::Lock(std::io::Error::last_os_error()));
+        }
+        Ok(Self { _file: file })
+    }
+}
+
+/// Addresses in set `internet` of a listed `ip warren` table.
+fn listed_internet(table: &str) -> Vec<Ipv4Addr> {
+    let Some(start) = table.find("set internet {") else {
+        return Vec::new();
+    };
+    let body = &table[start + "set internet ".len()..];
+    let mut depth = 0usize;
+    let mut end = body.len();
+    for (i, c) in body.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => {
+                depth -= 1;
+                if depth == 0 {
+                    end = i;
+                    break;
+                }
+            }
+            _ => {}
+        }
+    }
+    body[..end]
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|word| word.parse().ok())
+        .collect()
+}
+
+/// Names of the links in this network namespace that look like sandbox ports. Asked through
+/// netlink, which answers for the caller's namespace (`/sys/class/net` shows the namespace sysfs was
+/// mounted in), from a thread of its own (the caller may be inside a tokio runtime).
+fn host_port_names() -> Result<Vec<String>, FirewallError> {
+    std::thread::spawn(|| {
+        super::netlink::run(async { super::netlink::Netlink::connect()?.link_names().await })
+    })
+    .join()
+    .unwrap_or(Err(super::netlink::NetlinkError::Panicked))
+    .map(|names| {
+        names
+            .into_iter()
+            .filter(|name| name.starts_with("wv-"))
+            .collect()
+    })
+    .map_err(FirewallError::Links)
+}
+
+/// The plans of the sandbox ports named `names`: `wv-X-Y` is the sandbox at the address of `network`
+/// whose last two octets are X and Y (how [`super::veth_name`] names them). Names that do not parse or
+/// whose address falls outside `network/prefix` are left out.
+fn enrolled_ports(
+    names: Vec<String>,
+    bridge: &str,
+    network: Ipv4Addr,
+    prefix: u8,
+) -> Vec<NetworkPlan> {
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let mut parts = name.strip_prefix("wv-")?.split('-');
+            let x: u8 = parts.next()?.parse().ok()?;
+            let y: u8 = parts.next()?.parse().ok()?;
+            if parts.next().is_some() {
+                return None;
+            }
+            let [a, b, _, _] = network.octets();
+            let ip = Ipv4Addr::new(a, b, x, y);
+            (super::network_address(ip, prefix) == network).then(|| NetworkPlan {
+                bridge: bridge.to_string(),
+                gateway: network,
+                prefix,
+                ip,
+            })
+        })
+        .collect()
+}
+
+/// Starts the nft run that binds the sandbox's port to its MAC and address and grants it the
+/// internet if `spec` allows it (withholding it otherwise), in one transaction. It must be waited
+/// for before the sandbox is handed out, and before a restored sandbox's link comes up: until it
+/// is done the bridge drops everything from the port.
 ///
 /// A sandbox without internet also gets its address taken out of the set: an element left behind by
 /// an earlier holder of the address that was never torn down (a crash, a hand-removed state dir)
 /// must not grant it. Adding then deleting in one nft transaction succeeds whether or not the
 /// element was there.
-pub fn apply_egress(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<PendingNft, FirewallError> {
-    if !spec.allow_internet {
-        return PendingNft::start(
-            "withhold internet",
-            &format!(
-                "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
-            ),
-        );
+pub fn admit(plan: &NetworkPlan, spec: &NetworkSpec) -> Result<PendingNft, FirewallError> {
+    let ip = plan.ip;
+    let mut script = format!(
+        "add element bridge {TABLE} ports {{ {} }}\n",
+        port_element(plan)
+    );
+    if spec.allow_internet {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
+        script.push_str(&format!("add element ip {TABLE} internet {{ {ip} }}\n"));
+    } else {
+        script.push_str(&format!(
+            "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
+        ));
     }
-    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
-    PendingNft::start(
-        "allow internet",
-        &format!("add element ip {TABLE} internet {{ {ip} }}\n"),
-    )
+    PendingNft::start("admit the sandbox's port", &script)
 }
 
-/// Removes every rule that names `ip`.
-pub fn remove_egress(ip: Ipv4Addr) -> Result<(), FirewallError> {
-    // An absent element, or an absent table (the ruleset was flushed), makes nft fail, which is
-    // fine: either way the address is not allowed out. No separate `nft list` first; every nft
-    // start costs a few milliseconds of CPU.
-    let _ = nft(
-        "withdraw internet",
-        &format!("delete element ip {TABLE} internet {{ {ip} }}\n"),
-    );
-    Ok(())
+/// Starts the nft run that removes everything [`admit`] added for `plan`. Wait for it before the
+/// address is released: a later holder's binding must not be the one it deletes.
+pub fn withdraw(plan: &NetworkPlan) -> Result<PendingNft, FirewallError> {
+    let ip = plan.ip;
+    let port = port_element(plan);
+    // Add-then-delete succeeds whether or not each element is there.
+    PendingNft::start(
+        "withdraw the sandbox's port",
+        &format!(
+            "add element bridge {TABLE} ports {{ {port} }}\ndelete element bridge {TABLE} ports {{ {port} }}\n\
+             add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
+        ),
+    )
 }
 
 /// Whether `ip` is currently allowed out.
@@ -194,4 +381,73 @@ pub fn internet_allowed(ip: Ipv4Addr) -> bool {
     let text = String::from_utf8_lossy(&output.stdout);
     text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
         .any(|word| word == ip.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(ip: Ipv4Addr) -> NetworkPlan {
+        NetworkPlan {
+            bridge: "warren0".into(),
+            gateway: Ipv4Addr::new(10, 77, 0, 1),
+            prefix: 16,
+            ip,
+        }
+    }
+
+    #[test]
+    fn ruleset_is_versioned_and_binds_ports() {
+        let rules = ruleset("warren0", "10.77.0.0/16");
+        assert_eq!(rules.matches(&version_marker()).count(), 2);
+        assert!(rules.contains("iifname \"warren0\" jump egress"));
+        assert!(rules.contains("masquerade"));
+        assert!(rules.contains("iifname . ether saddr . ip saddr @ports accept"));
+        assert!(rules.contains("oifname . ether daddr . ip daddr @ports accept"));
+    }
+
+    #[test]
+    fn a_port_is_bound_to_the_mac_and_address_its_name_comes_from() {
+        assert_eq!(
+            port_element(&plan(Ipv4Addr::new(10, 77, 1, 200))),
+            "\"wv-1-200\" . 02:77:0a:4d:01:c8 . 10.77.1.200"
+        );
+    }
+
+    #[test]
+    fn internet_elements_are_read_from_a_listing() {
+        let listing = "table ip warren {\n\tset internet {\n\t\ttype ipv4_addr\n\t\telements = { 10.77.0.5, 10.77.1.9 }\n\t}\n\n\tchain forward {\n\t\tiifname \"warren0\" ip saddr 10.77.0.0/16 accept\n\t}\n}\n";
+        assert_eq!(
+            listed_internet(listing),
+            vec![Ipv4Addr::new(10, 77, 0, 5), Ipv4Addr::new(10, 77, 1, 9)]
+        );
+        assert!(
+            listed_internet("table ip warren {\n\tset internet {\n\t\ttype ipv4_addr\n\t}\n}")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn existing_ports_are_enrolled_from_their_names() {
+        let names = [
+            "wv-0-5", "wv-3-250", "wv-x-1", "wv-1-2-3", "wv-1-300", "eth0",
+        ]
+        .map(String::from)
+        .to_vec();
+        let ips: Vec<Ipv4Addr> = enrolled_ports(names, "warren0", Ipv4Addr::new(10, 77, 0, 0), 16)
+            .into_iter()
+            .map(|p| p.ip)
+            .collect();
+        assert_eq!(
+            ips,
+            vec![Ipv4Addr::new(10, 77, 0, 5), Ipv4Addr::new(10, 77, 3, 250)]
+        );
+        let narrow = enrolled_ports(
+            vec!["wv-0-5".into(), "wv-9-9".into()],
+            "warren0",
+            Ipv4Addr::new(10, 77, 0, 0),
+            24,
+        );
+        assert_eq!(narrow.len(), 1, "wv-9-9 is outside 10.77.0.0/24");
+    }
 }

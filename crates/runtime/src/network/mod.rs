@@ -37,6 +37,16 @@ impl NetworkPlan {
     }
 }
 
+/// The network address of the subnet `gateway/prefix`.
+pub fn network_address(gateway: Ipv4Addr, prefix: u8) -> Ipv4Addr {
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(prefix))
+    };
+    Ipv4Addr::from(u32::from(gateway) & mask)
+}
+
 pub fn veth_name(prefix: &str, ip: Ipv4Addr) -> String {
     let octets = ip.octets();
     format!("{prefix}-{}-{}", octets[2], octets[3])
@@ -80,9 +90,14 @@ mod tests {
     }
 
     #[test]
-    fn ruleset_names_the_bridge() {
-        let rules = firewall::ruleset("warren0", "10.77.0.0/16");
-        assert!(rules.contains("iifname \"warren0\" jump egress"));
-        assert!(rules.contains("masquerade"));
+    fn network_address_clears_the_host_bits() {
+        assert_eq!(
+            network_address(Ipv4Addr::new(10, 77, 0, 1), 16),
+            Ipv4Addr::new(10, 77, 0, 0)
+        );
+        assert_eq!(
+            network_address(Ipv4Addr::new(10, 78, 3, 9), 30),
+            Ipv4Addr::new(10, 78, 3, 8)
+        );
     }
 }

@@ -64,7 +64,7 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     for filter in &filters {
         seccomp::install(filter).map_err(|e| super::run::error_chain(&e))?;
     }
-    capabilities::drop_to_sandbox_set().map_err(|e| super::run::error_chain(&e))?;
+    capabilities::drop_to_sandbox_set(config.net_raw).map_err(|e| super::run::error_chain(&e))?;
 
     let program = CString::new(AGENT_PATH).map_err(|e| e.to_string())?;
     let env: Vec<CString> = [

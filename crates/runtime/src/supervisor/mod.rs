@@ -60,6 +60,9 @@ pub struct SupervisorConfig {
     pub netns_pin: PathBuf,
     pub network: NetworkPlan,
     pub no_new_privs: bool,
+    /// Keep CAP_NET_RAW ([`crate::NetworkSpec::raw_sockets`]).
+    #[serde(default)]
+    pub net_raw: bool,
     /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
     #[serde(default)]
     pub restore: Option<RestorePlan>,

@@ -202,6 +202,7 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
     phase("veth pair made");
     namespaces::join(&netns, &config.netns_pin, CloneFlags::CLONE_NEWNET)
         .map_err(|e| error_chain(&e))?;
+    set_sandbox_sysctls()?;
     netlink::run(async {
         Netlink::connect()?
             .configure_sandbox_side(plan.ip, plan.prefix, plan.gateway)
@@ -209,6 +210,23 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
     })
     .map_err(|e| error_chain(&e))?;
     Ok(())
+}
+
+/// Per-namespace settings of the sandbox's network, written from inside its namespace before `eth0`
+/// comes up:
+/// - `ping_group_range` over every group, so ICMP echo works through unprivileged ICMP datagram
+///   sockets and `ping` needs no CAP_NET_RAW;
+/// - no IPv6 on `eth0`: the bridge passes only IPv4 and ARP from a sandbox port (see
+///   docs/network.md), so a link-local address there would only send router solicitations into a
+///   drop rule. Loopback keeps `::1`. A kernel without IPv6 has no such file, which is as good.
+fn set_sandbox_sysctls() -> Result<(), String> {
+    std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647")
+        .map_err(|e| format!("write net.ipv4.ping_group_range: {e}"))?;
+    match std::fs::write("/proc/sys/net/ipv6/conf/eth0/disable_ipv6", "1") {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("disable IPv6 on eth0: {e}")),
+    }
 }
 
 /// Re-executes this binary as `warren-supervisor wait <init-pid> <sandbox-dir>`. Returns only when

@@ -360,6 +360,7 @@ impl Lifecycle {
             },
             network: warren_runtime::NetworkSpec {
                 allow_internet: record.allow_internet.unwrap_or(true),
+                raw_sockets: false,
             },
         }
     }

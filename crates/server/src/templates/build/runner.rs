@@ -312,6 +312,7 @@ impl<'a> TemplateBuilder<'a> {
                     resources: self.settings.step_resources.clone(),
                     network: NetworkSpec {
                         allow_internet: self.settings.allow_internet,
+                        raw_sockets: false,
                     },
                 };
                 let sandbox = self
@@ -444,6 +445,7 @@ impl<'a> TemplateBuilder<'a> {
             resources,
             network: NetworkSpec {
                 allow_internet: self.settings.allow_internet,
+                raw_sockets: false,
             },
         };
         let sandbox = self
