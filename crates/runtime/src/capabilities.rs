@@ -1,5 +1,6 @@
-//! Capabilities of the sandbox's processes: Docker's default set without CAP_MKNOD (a sandbox has no
-//! device cgroup on v1 here, so it must not create device nodes), and `no_new_privs` when configured.
+//! Capabilities of the sandbox's processes: Docker's default set without CAP_MKNOD (a sandbox must not
+//! create device nodes; on cgroup v2 no device allow-list backs that up), and `no_new_privs` when
+//! configured.
 
 use caps::{CapSet, Capability, CapsHashSet};
 

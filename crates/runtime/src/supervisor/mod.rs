@@ -60,6 +60,10 @@ pub struct SupervisorConfig {
     pub netns_pin: PathBuf,
     pub network: NetworkPlan,
     pub no_new_privs: bool,
+    /// Syscalls the sandbox may use beyond the default seccomp filter (a restore keeps the filter
+    /// the checkpoint was taken with: CRIU restores it).
+    #[serde(default)]
+    pub syscalls: crate::seccomp::SyscallPolicy,
     /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
     #[serde(default)]
     pub restore: Option<RestorePlan>,

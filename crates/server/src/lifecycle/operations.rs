@@ -359,6 +359,7 @@ impl Lifecycle {
             network: warren_runtime::NetworkSpec {
                 allow_internet: record.allow_internet.unwrap_or(true),
             },
+            syscalls: Default::default(),
         }
     }
 
@@ -502,11 +503,26 @@ impl Lifecycle {
                     ..SandboxFilter::default()
                 })
                 .await?;
+            let max_pids = self.config.default_resources.max_pids;
             let request = Request {
                 vcpus: record.vcpus,
                 memory_mib: record.memory_mib,
+                max_pids,
+                disk_mib: record.disk_mib,
             };
-            if let Err(refused) = admission::admit(&self.config.limits, Usage::of(&live), request) {
+            let capacity = match self.on_runtime(|runtime| runtime.host_capacity()).await {
+                Ok(capacity) => capacity,
+                Err(source) => {
+                    self.forget_lock(&record.id);
+                    return Err(LifecycleError::Runtime {
+                        action: "measure the host for",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
+            };
+            let usage = Usage::of(&live, max_pids);
+            if let Err(refused) = admission::admit(&self.config.limits, usage, request, capacity) {
                 self.metrics.admission_refused();
                 self.forget_lock(&record.id);
                 return Err(refused.into());

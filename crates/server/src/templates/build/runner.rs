@@ -313,6 +313,7 @@ impl<'a> TemplateBuilder<'a> {
                     network: NetworkSpec {
                         allow_internet: self.settings.allow_internet,
                     },
+                    syscalls: Default::default(),
                 };
                 let sandbox = self
                     .runtime
@@ -445,6 +446,7 @@ impl<'a> TemplateBuilder<'a> {
             network: NetworkSpec {
                 allow_internet: self.settings.allow_internet,
             },
+            syscalls: Default::default(),
         };
         let sandbox = self
             .runtime
@@ -614,6 +616,11 @@ mod tests {
                 cgroup_version: 1,
                 checkpoint: self.checkpoint,
             }
+        }
+        fn host_capacity(&self) -> Result<warren_runtime::HostCapacity, RuntimeError> {
+            Err(RuntimeError::Unsupported(
+                "not measured in these tests".into(),
+            ))
         }
         fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
             self.created.lock().unwrap().push(spec.clone());

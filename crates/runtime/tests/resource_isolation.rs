@@ -1,0 +1,147 @@
+//! What one sandbox can take from the others and the host: kernel interfaces (io_uring), host facts
+//! (cgroup paths), devices, and host-wide kernel counters (inotify).
+
+mod common;
+
+use std::path::Path;
+
+use warren_runtime::seccomp::SyscallPolicy;
+use warren_runtime::{Runtime, Sandbox};
+
+/// Calls io_uring_setup(4, params) with python3's ctypes; prints `fd <n>` or `errno <name>`.
+const IO_URING_SETUP: &str = "python3 -c 'import ctypes, errno; \
+    libc = ctypes.CDLL(None, use_errno=True); \
+    fd = libc.syscall(425, 4, ctypes.create_string_buffer(120)); \
+    print(\"fd\", fd) if fd >= 0 else print(\"errno\", errno.errorcode[ctypes.get_errno()])'";
+
+fn create(runtime: &common::TestRuntime, id: &str, base: &Path) -> Sandbox {
+    runtime
+        .create(&common::spec(
+            id,
+            vec![base.to_path_buf()],
+            common::resources(),
+        ))
+        .unwrap_or_else(|e| panic!("create {id}: {e}"))
+}
+
+#[test]
+fn io_uring_is_denied_unless_the_sandbox_opts_in() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let disabled =
+        std::fs::read_to_string("/proc/sys/kernel/io_uring_disabled").unwrap_or_default();
+    if disabled.trim() != "0" && !disabled.is_empty() {
+        println!("SKIP: io_uring is disabled host-wide (kernel.io_uring_disabled={disabled})");
+        return;
+    }
+    let runtime = common::runtime("iouring");
+    let ids = vec![
+        "wt-iouring-deny".to_string(),
+        "wt-iouring-allow".to_string(),
+    ];
+    let _cleanup = common::DestroyOnDrop(&runtime, ids.clone());
+    let denied = create(&runtime, &ids[0], &base);
+    let mut spec = common::spec(&ids[1], vec![base.clone()], common::resources());
+    spec.syscalls = SyscallPolicy {
+        allow_io_uring: true,
+    };
+    let allowed = runtime.create(&spec).expect("create the opted-in sandbox");
+
+    let (out, code) = common::exec(&denied, IO_URING_SETUP);
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out.trim(), "errno EPERM", "io_uring_setup by default");
+    let (out, code) = common::exec(&allowed, IO_URING_SETUP);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.trim().starts_with("fd "),
+        "io_uring_setup with the opt-in: {out}"
+    );
+}
+
+#[test]
+fn proc_self_cgroup_shows_no_host_path() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("cgns");
+    let id = "wt-cgns-a".to_string();
+    let _cleanup = common::DestroyOnDrop(&runtime, vec![id.clone()]);
+    let sandbox = create(&runtime, &id, &base);
+    // Outside, the sandbox's init sits in warren/<id> of every hierarchy Warren uses.
+    let host_view = std::fs::read_to_string(format!("/proc/{}/cgroup", sandbox.init_pid)).unwrap();
+    assert!(host_view.contains(&format!("/warren/{id}")), "{host_view}");
+    let (inside, code) = common::exec(
+        &sandbox,
+        "cat /proc/self/cgroup; readlink /proc/self/ns/cgroup",
+    );
+    assert_eq!(code, 0, "{inside}");
+    let mut lines = inside.lines().collect::<Vec<_>>();
+    let ns = lines.pop().unwrap_or_default();
+    assert!(ns.starts_with("cgroup:["), "{inside}");
+    assert_ne!(
+        ns,
+        std::fs::read_link("/proc/self/ns/cgroup")
+            .unwrap()
+            .to_string_lossy(),
+        "the sandbox has its own cgroup namespace"
+    );
+    for line in lines {
+        let path = line.splitn(3, ':').nth(2).unwrap_or_default();
+        assert_eq!(path, "/", "a cgroup path inside the sandbox: {inside}");
+    }
+}
+
+#[test]
+fn only_the_sandbox_dev_nodes_open() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let devices = std::path::Path::new("/sys/fs/cgroup/devices/devices.list");
+    if !devices.exists() {
+        println!("SKIP: no cgroup v1 devices controller (on v2 Warren attaches no device program)");
+        return;
+    }
+    let runtime = common::runtime("devices");
+    let id = "wt-devices-a".to_string();
+    let _cleanup = common::DestroyOnDrop(&runtime, vec![id.clone()]);
+    let sandbox = create(&runtime, &id, &base);
+    let list = std::fs::read_to_string(format!("/sys/fs/cgroup/devices/warren/{id}/devices.list"))
+        .expect("the sandbox has a devices cgroup");
+    let mut rules: Vec<&str> = list.lines().collect();
+    rules.sort();
+    let mut expected = warren_runtime::cgroups::DEVICE_ALLOW_LIST.to_vec();
+    expected.sort();
+    assert_eq!(rules, expected, "devices.list of the sandbox");
+
+    // A node the sandbox could not have made itself (no CAP_MKNOD): the host puts the loop control
+    // device (c 10:237, harmless to open) into the sandbox's /dev.
+    let made = std::process::Command::new("nsenter")
+        .args(["-t", &sandbox.init_pid.to_string(), "-m", "-r", "--"])
+        .args(["mknod", "/dev/wt-loop-control", "c", "10", "237"])
+        .output()
+        .expect("run nsenter");
+    assert!(
+        made.status.success(),
+        "mknod in the sandbox's /dev from the host: {}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let open = |path: &str| {
+        common::exec(
+            &sandbox,
+            &format!(
+                "python3 -c 'import os; os.close(os.open(\"{path}\", os.O_RDONLY)); print(\"opened\")'"
+            ),
+        )
+    };
+    let (out, code) = open("/dev/wt-loop-control");
+    assert_ne!(code, 0, "root inside opened c 10:237: {out}");
+    assert!(
+        out.contains("PermissionError") || out.contains("Operation not permitted"),
+        "{out}"
+    );
+    for node in ["/dev/null", "/dev/urandom", "/dev/ptmx"] {
+        let (out, code) = open(node);
+        assert_eq!((out.trim(), code), ("opened", 0), "{node}");
+    }
+}
