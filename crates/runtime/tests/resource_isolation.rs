@@ -145,3 +145,143 @@ fn only_the_sandbox_dev_nodes_open() {
         assert_eq!((out.trim(), code), ("opened", 0), "{node}");
     }
 }
+
+/// Takes inotify instances and watches as root inside a sandbox: up to INSTANCES instances, then
+/// watches on DIRS directories from each instance in turn up to WATCHES watches, stopping at the first
+/// failure. Writes `<instances> <error> <watches> <error>` to /tmp/inotify.out, then holds everything.
+const INOTIFY_HOG: &str = r#"
+import ctypes, errno, os, resource, sys, time
+INSTANCES, DIRS, WATCHES, HOLD = (int(a) for a in sys.argv[1:5])
+libc = ctypes.CDLL(None, use_errno=True)
+hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+dirs = []
+for i in range(DIRS):
+    os.makedirs("/tmp/w/%d" % i, exist_ok=True)
+    dirs.append(b"/tmp/w/%d" % i)
+def err():
+    return errno.errorcode.get(ctypes.get_errno(), "?")
+fds, ierr = [], "none"
+while len(fds) < INSTANCES:
+    fd = libc.inotify_init1(0)
+    if fd < 0:
+        ierr = err()
+        break
+    fds.append(fd)
+watches, werr = 0, "none"
+for fd in fds:
+    if watches >= WATCHES or werr != "none":
+        break
+    for d in dirs:
+        if watches >= WATCHES:
+            break
+        if libc.inotify_add_watch(fd, d, 0x100) < 0:
+            werr = err()
+            break
+        watches += 1
+with open("/tmp/inotify.tmp", "w") as out:
+    out.write("%d %s %d %s\n" % (len(fds), ierr, watches, werr))
+os.rename("/tmp/inotify.tmp", "/tmp/inotify.out")
+time.sleep(HOLD)
+"#;
+
+/// Writes the hog into the sandbox (the test agent takes one line, so the script travels as hex).
+fn install_hog(sandbox: &Sandbox) {
+    let hex: String = INOTIFY_HOG.bytes().map(|b| format!("{b:02x}")).collect();
+    let (out, code) = common::exec(
+        sandbox,
+        &format!(
+            "python3 -c 'import sys; open(\"/tmp/inotify_hog.py\", \"wb\").write(bytes.fromhex(sys.argv[1]))' {hex}"
+        ),
+    );
+    assert_eq!(code, 0, "{out}");
+}
+
+/// Polls for the hog's report (it writes it once it took what it could).
+fn hog_report(sandbox: &Sandbox) -> Vec<String> {
+    for _ in 0..600 {
+        let (out, code) = common::exec(sandbox, "cat /tmp/inotify.out 2>/dev/null");
+        if code == 0 && !out.trim().is_empty() {
+            return out.split_whitespace().map(str::to_string).collect();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    panic!("the inotify hog never reported");
+}
+
+#[test]
+fn one_sandbox_cannot_exhaust_inotify_for_another() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("inotify");
+    let ids = vec!["wt-inotify-a".to_string(), "wt-inotify-b".to_string()];
+    let _cleanup = common::DestroyOnDrop(&runtime, ids.clone());
+    let a = create(&runtime, &ids[0], &base);
+    let b = create(&runtime, &ids[1], &base);
+    let sysctl = |name: &str| -> u64 {
+        std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    // The kernel's defaults here are 128 instances and ~190,000 watches per uid, shared by the host
+    // and every sandbox's root; A takes far more than both and holds them.
+    install_hog(&a);
+    let (out, code) = common::exec(
+        &a,
+        "python3 /tmp/inotify_hog.py 4000 1000 250000 3600 >/tmp/hog.log 2>&1 &",
+    );
+    assert_eq!(code, 0, "{out}");
+    let report = hog_report(&a);
+    assert_eq!(
+        report,
+        ["4000", "none", "250000", "none"],
+        "A's take (host limits now: {} instances, {} watches)",
+        sysctl("max_user_instances"),
+        sysctl("max_user_watches")
+    );
+
+    // B still gets an instance and watches.
+    let (out, code) = common::exec(
+        &b,
+        "python3 -c 'import ctypes; libc = ctypes.CDLL(None, use_errno=True); \
+         fd = libc.inotify_init1(0); assert fd >= 0, ctypes.get_errno(); \
+         ws = [libc.inotify_add_watch(fd, p, 0x100) for p in (b\"/tmp\", b\"/etc\", b\"/root\")]; \
+         assert min(ws) > 0, ctypes.get_errno(); print(\"watching\", len(ws))'",
+    );
+    assert_eq!(
+        (out.trim(), code),
+        ("watching 3", 0),
+        "B while A holds its take"
+    );
+}
+
+#[test]
+fn a_sandbox_memory_limit_bounds_its_inotify_watches() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("inotifymem");
+    let id = "wt-inotifymem-a".to_string();
+    let _cleanup = common::DestroyOnDrop(&runtime, vec![id.clone()]);
+    let mut resources = common::resources();
+    resources.memory_mib = 32;
+    let sandbox = runtime
+        .create(&common::spec(&id, vec![base], resources))
+        .expect("create");
+    install_hog(&sandbox);
+    // Three million watches would take ~270 MB of kernel memory, charged to the sandbox's 32 MiB.
+    let (out, _) = common::exec(
+        &sandbox,
+        "python3 /tmp/inotify_hog.py 3000 1000 3000000 0 >/dev/null 2>&1; echo rc=$?; \
+         cat /tmp/inotify.out 2>/dev/null",
+    );
+    println!("memory-bound hog: {}", out.replace('\n', " "));
+    let stopped = out.contains("rc=137") || out.contains(" ENOMEM");
+    assert!(
+        stopped,
+        "the hog must be stopped by the memory cgroup: {out}"
+    );
+}
