@@ -170,3 +170,35 @@ pub(crate) fn restrict_state_dir(state_dir: &Path) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn layer_stores_become_root_only() {
+        let dir = std::env::temp_dir().join(format!("wt-state-perms-{}", std::process::id()));
+        for store in ["sandboxes", "templates", "unrelated"] {
+            std::fs::create_dir_all(dir.join(store)).unwrap();
+            std::fs::set_permissions(dir.join(store), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+        }
+        restrict_state_dir(&dir).unwrap();
+        let mode = |name: &str| {
+            std::fs::metadata(dir.join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let modes = (
+            mode(""),
+            mode("sandboxes"),
+            mode("templates"),
+            mode("unrelated"),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(modes, (0o700, 0o700, 0o700, 0o755));
+    }
+}

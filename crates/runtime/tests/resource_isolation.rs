@@ -59,20 +59,17 @@ fn io_uring_is_denied_unless_the_sandbox_opts_in() {
     );
 }
 
-#[test]
-fn proc_self_cgroup_shows_no_host_path() {
-    let Some(base) = common::base_rootfs() else {
-        return;
-    };
-    let runtime = common::runtime("cgns");
-    let id = "wt-cgns-a".to_string();
-    let _cleanup = common::DestroyOnDrop(&runtime, vec![id.clone()]);
-    let sandbox = create(&runtime, &id, &base);
+/// Asserts that every line of `/proc/self/cgroup` inside `sandbox` names `/`, and that the sandbox
+/// has a cgroup namespace of its own.
+fn assert_cgroup_root_only(sandbox: &Sandbox) {
     // Outside, the sandbox's init sits in warren/<id> of every hierarchy Warren uses.
     let host_view = std::fs::read_to_string(format!("/proc/{}/cgroup", sandbox.init_pid)).unwrap();
-    assert!(host_view.contains(&format!("/warren/{id}")), "{host_view}");
+    assert!(
+        host_view.contains(&format!("/warren/{}", sandbox.id)),
+        "{host_view}"
+    );
     let (inside, code) = common::exec(
-        &sandbox,
+        sandbox,
         "cat /proc/self/cgroup; readlink /proc/self/ns/cgroup",
     );
     assert_eq!(code, 0, "{inside}");
@@ -86,10 +83,40 @@ fn proc_self_cgroup_shows_no_host_path() {
             .to_string_lossy(),
         "the sandbox has its own cgroup namespace"
     );
+    assert!(!lines.is_empty(), "{inside}");
     for line in lines {
         let path = line.splitn(3, ':').nth(2).unwrap_or_default();
-        assert_eq!(path, "/", "a cgroup path inside the sandbox: {inside}");
+        assert_eq!(path, "/", "a cgroup path inside {}: {inside}", sandbox.id);
     }
+}
+
+#[test]
+fn proc_self_cgroup_shows_no_host_path() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("cgns");
+    let ids = vec!["wt-cgns-a".to_string(), "wt-cgns-fork".to_string()];
+    let _cleanup = common::DestroyOnDrop(&runtime, ids.clone());
+    let sandbox = create(&runtime, &ids[0], &base);
+    assert_cgroup_root_only(&sandbox);
+    if !runtime.capabilities().checkpoint {
+        println!("SKIP: CRIU does not work on this host; the restored half is not checked");
+        return;
+    }
+    // A restored copy (fork) gets the namespace back, rooted at its own new cgroup.
+    let fork_point = runtime.config().state_dir.join("snapshots/cgns-fork");
+    runtime
+        .checkpoint(&ids[0], &fork_point, true)
+        .expect("checkpoint");
+    let fork = runtime
+        .restore(
+            &fork_point,
+            &common::spec(&ids[1], vec![base.to_path_buf()], common::resources()),
+        )
+        .expect("restore");
+    let _ = std::fs::remove_dir_all(&fork_point);
+    assert_cgroup_root_only(&fork);
 }
 
 #[test]
