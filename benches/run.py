@@ -90,7 +90,10 @@ class Warren:
                "--listen", f"127.0.0.1:{self.api_port}", "--proxy-listen", f"127.0.0.1:{self.proxy_port}",
                "--api-url", self.api_url, "--sandbox-url", self.sandbox_url, "--agent", str(agent_bin),
                "--max-sandboxes", str(max_sandboxes), "--max-total-vcpus", str(max_sandboxes * 2),
-               "--max-total-memory-mib", str(max_sandboxes * 512)]
+               "--max-total-memory-mib", str(max_sandboxes * 512),
+               # Admission holds every sandbox's task limit and whole writable layer against the
+               # host's real PID capacity and free disk: keep both small enough for the density runs.
+               "--sandbox-max-pids", "256", "--sandbox-disk-mib", "160"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.log, text=True)
         self.api_key = ""
         deadline = time.monotonic() + 120

@@ -94,6 +94,15 @@ pub struct UpArgs {
     /// Most memory (MiB) all running sandboxes of this node may hold together; more get 429.
     #[arg(long, env = "WARREN_MAX_TOTAL_MEMORY_MIB")]
     pub max_total_memory_mib: Option<u64>,
+    /// Task limit (pids.max) of each sandbox; admission keeps the sum of all sandboxes' limits under
+    /// the host's capacity (kernel pid_max/threads-max less a reserve), refusing more with 429.
+    #[arg(long, env = "WARREN_SANDBOX_MAX_PIDS")]
+    pub sandbox_max_pids: Option<u64>,
+    /// Size (MiB) of the writable layer of `base` sandboxes (and the default of built templates);
+    /// admission refuses with 507 when the state disk's free space (less a reserve and what running
+    /// sandboxes may still write) cannot hold a sandbox's layer.
+    #[arg(long, env = "WARREN_SANDBOX_DISK_MIB")]
+    pub sandbox_disk_mib: Option<u64>,
     /// Leave the kernel's RCU grace periods as they are. By default Warren sets
     /// /sys/kernel/rcu_expedited to 1 (host-wide, kept after it stops), which takes ~10 ms off every
     /// create on cgroup v1 hosts.

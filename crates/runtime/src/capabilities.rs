@@ -1,6 +1,6 @@
-//! Capabilities of the sandbox's processes: Docker's default set without CAP_MKNOD (a sandbox has no
-//! device cgroup on v1 here, so it must not create device nodes) and without CAP_NET_RAW unless the
-//! sandbox asks for raw sockets (raw and packet sockets let it forge any frame on its link; `ping`
+//! Capabilities of the sandbox's processes: Docker's default set without CAP_MKNOD (a sandbox must not
+//! create device nodes; on cgroup v2 no device allow-list backs that up) and without CAP_NET_RAW unless
+//! the sandbox asks for raw sockets (raw and packet sockets let it forge any frame on its link; `ping`
 //! needs none of that, see `net.ipv4.ping_group_range` in the supervisor), and `no_new_privs` when
 //! configured.
 

@@ -29,6 +29,9 @@ pub struct LinuxRuntimeConfig {
     /// expedited one takes well under a millisecond, at the price of an IPI to every CPU. It is a
     /// host-wide setting, left on when Warren stops.
     pub expedite_rcu: bool,
+    /// Raise `kernel.pid_max` and the inotify per-uid limits when the runtime starts (see
+    /// [`crate::host_capacity::raise_kernel_limits`]). Host-wide, left raised when Warren stops.
+    pub raise_kernel_limits: bool,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -43,6 +46,7 @@ impl Default for LinuxRuntimeConfig {
             no_new_privs: true,
             agent_timeout: std::time::Duration::from_secs(15),
             expedite_rcu: true,
+            raise_kernel_limits: true,
         }
     }
 }
@@ -141,5 +145,60 @@ pub fn expedite_rcu() {
             Err(error) => tracing::warn!(%error, "cannot set {RCU_EXPEDITED}; creates stay slower"),
         },
         Err(error) => tracing::info!(%error, "no {RCU_EXPEDITED}; RCU grace periods stay normal"),
+    }
+}
+
+/// The layer stores below the state directory: template layers, build layers, snapshots and the
+/// sandboxes' writable layers and checkpoints, and the formatted images new writable layers copy.
+pub const LAYER_STORES: [&str; 5] = ["templates", "layers", "snapshots", "sandboxes", "images"];
+
+/// Makes the state directory and the layer stores in it root-only (0700): their files are other
+/// tenants' data, and setuid binaries or device nodes in them must not be reachable from the host
+/// by unprivileged users. Stores made later inherit the state directory's protection.
+pub(crate) fn restrict_state_dir(state_dir: &Path) -> Result<(), ConfigError> {
+    use std::os::unix::fs::PermissionsExt;
+    let dirs = std::iter::once(state_dir.to_path_buf())
+        .chain(LAYER_STORES.iter().map(|store| state_dir.join(store)))
+        .filter(|dir| dir.is_dir());
+    for dir in dirs {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).map_err(
+            |source| ConfigError::StateDir {
+                path: dir.clone(),
+                source,
+            },
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn layer_stores_become_root_only() {
+        let dir = std::env::temp_dir().join(format!("wt-state-perms-{}", std::process::id()));
+        for store in ["sandboxes", "templates", "unrelated"] {
+            std::fs::create_dir_all(dir.join(store)).unwrap();
+            std::fs::set_permissions(dir.join(store), std::fs::Permissions::from_mode(0o755))
+                .unwrap();
+        }
+        restrict_state_dir(&dir).unwrap();
+        let mode = |name: &str| {
+            std::fs::metadata(dir.join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let modes = (
+            mode(""),
+            mode("sandboxes"),
+            mode("templates"),
+            mode("unrelated"),
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!(modes, (0o700, 0o700, 0o700, 0o755));
     }
 }

@@ -31,6 +31,7 @@ pub mod capabilities;
 pub mod cgroups;
 pub mod config;
 pub mod confined;
+pub mod host_capacity;
 mod linux_runtime;
 pub mod namespaces;
 pub mod network;
@@ -41,6 +42,7 @@ pub mod seccomp;
 pub mod supervisor;
 
 pub use config::{ConfigError, LinuxRuntimeConfig};
+pub use host_capacity::HostCapacity;
 pub use linux_runtime::LinuxRuntime;
 
 /// An error and its causes on one line (`outer: cause: root cause`).
@@ -93,6 +95,8 @@ pub struct SandboxSpec {
     pub layers: Vec<PathBuf>,
     pub resources: Resources,
     pub network: NetworkSpec,
+    /// Syscalls beyond the default seccomp filter (io_uring); none by default.
+    pub syscalls: seccomp::SyscallPolicy,
 }
 
 /// A sandbox that exists on this host.
@@ -215,6 +219,9 @@ pub trait Runtime: Send + Sync {
     /// Copy the sandbox's writable layer (overlay upper dir, whiteouts included) to `dest`, which then
     /// serves as a read-only layer of new sandboxes (template builds).
     fn commit_layer(&self, id: &str, dest: &std::path::Path) -> Result<u64, RuntimeError>;
+    /// What the sandboxes of this host may still take (tasks, state disk), measured now; admission
+    /// compares requests with it.
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError>;
     /// Restore a checkpoint into fresh namespaces as sandbox `spec.id` (resume, template start, fork).
     fn restore(
         &self,

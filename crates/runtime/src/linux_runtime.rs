@@ -18,8 +18,8 @@ use crate::rootfs::{commit, sandbox_mounts, LayerDisk};
 use crate::sandbox_state::{now_unix_ms, SandboxRecord};
 use crate::supervisor::{self, RestorePlan, SupervisorConfig};
 use crate::{
-    namespaces, Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState,
-    Sandbox, SandboxSpec, Stats, AGENT_PORT,
+    namespaces, Capabilities, CheckpointInfo, HostCapacity, ProcessInfo, Runtime, RuntimeError,
+    RuntimeState, Sandbox, SandboxSpec, Stats, AGENT_PORT,
 };
 
 /// Sandboxes younger than this without a state record are still being created; `list` leaves them be.
@@ -75,6 +75,9 @@ impl LinuxRuntime {
         if config.expedite_rcu {
             config::expedite_rcu();
         }
+        if config.raise_kernel_limits {
+            crate::host_capacity::raise_kernel_limits();
+        }
         if !(8..=30).contains(&config.subnet_prefix) {
             return Err(ConfigError::BadSubnet(config.subnet_prefix));
         }
@@ -83,6 +86,7 @@ impl LinuxRuntime {
             path: sandboxes.clone(),
             source,
         })?;
+        config::restrict_state_dir(&config.state_dir)?;
         firewall::ensure_ruleset(&config.bridge, config.gateway, config.subnet_prefix)
             .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
         let addresses = AddressPool::new(
@@ -207,6 +211,7 @@ impl LinuxRuntime {
             .cgroups
             .create(&spec.id, &spec.resources)
             .map_err(other)?;
+        self.cap_sandbox_tasks();
         let cgroups_done = started.elapsed();
         let disk = LayerDisk::at(dir);
         disk.create(
@@ -265,6 +270,7 @@ impl LinuxRuntime {
             network: network_plan,
             no_new_privs: self.config.no_new_privs,
             net_raw: spec.network.raw_sockets,
+            syscalls: spec.syscalls,
             restore: restore_plan,
         };
         let prepared = started.elapsed();
@@ -576,7 +582,34 @@ fn wait_supervisor_exit(pid: u32) {
     }
 }
 
+impl LinuxRuntime {
+    /// Keeps Warren's parent cgroup at the host's task capacity for sandboxes (see
+    /// [`crate::host_capacity`]); a failure only loses that backstop, so it is logged.
+    fn cap_sandbox_tasks(&self) {
+        let capped = crate::host_capacity::measure(&self.config.state_dir, [])
+            .map_err(|e| crate::supervisor_error_chain(&e))
+            .and_then(|facts| {
+                self.cgroups
+                    .cap_sandbox_tasks(facts.capacity().sandbox_tasks)
+                    .map_err(|e| crate::supervisor_error_chain(&e))
+            });
+        if let Err(error) = capped {
+            tracing::warn!(%error, "cannot cap the tasks of all sandboxes together");
+        }
+    }
+}
+
 impl Runtime for LinuxRuntime {
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
+        let images = self
+            .known_ids()
+            .into_iter()
+            .map(|id| LayerDisk::at(&self.sandbox_dir(&id)).image);
+        crate::host_capacity::measure(&self.config.state_dir, images)
+            .map(|facts| facts.capacity())
+            .map_err(|e| RuntimeError::Other(crate::supervisor_error_chain(&e)))
+    }
+
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             cgroup_version: match self.cgroups.version() {

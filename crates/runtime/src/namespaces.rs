@@ -1,5 +1,7 @@
-//! Namespaces of a sandbox. pid, mount, uts and ipc are made by the supervisor for the sandbox's init
-//! (unshare of the pid namespace before the fork, the others in the child). The network namespace is
+//! Namespaces of a sandbox. pid, mount, uts, ipc and cgroup are made by the supervisor for the sandbox's
+//! init (unshare of the pid namespace before the fork, the others in the child, after it joined its
+//! cgroups: the cgroup namespace's root is then the sandbox's own cgroup, so `/proc/self/cgroup` inside
+//! reads `/` instead of the host's `/warren/<id>`). The network namespace is
 //! made separately and pinned by a bind mount at `sandboxes/<id>/netns`, so the network can be set up
 //! before the init exists, and so a CRIU restore can join a fresh one. No user namespace: see the crate
 //! docs for why.
@@ -38,7 +40,8 @@ pub enum NamespaceError {
 /// The namespaces the sandbox's init gets besides the network one (the pid one via [`unshare_pid`]).
 pub const INIT_NAMESPACES: CloneFlags = CloneFlags::CLONE_NEWNS
     .union(CloneFlags::CLONE_NEWUTS)
-    .union(CloneFlags::CLONE_NEWIPC);
+    .union(CloneFlags::CLONE_NEWIPC)
+    .union(CloneFlags::CLONE_NEWCGROUP);
 
 pub fn open(path: &Path) -> Result<File, NamespaceError> {
     File::open(path).map_err(|source| NamespaceError::Open {
@@ -112,7 +115,8 @@ pub fn unshare_pid() -> Result<(), NamespaceError> {
     unshare(CloneFlags::CLONE_NEWPID).map_err(|e| NamespaceError::Unshare("pid", e))
 }
 
-/// Gives the caller (the sandbox's init) its own mount, uts and ipc namespaces.
+/// Gives the caller (the sandbox's init, already in its cgroups) its own mount, uts, ipc and cgroup
+/// namespaces.
 pub fn unshare_init_namespaces() -> Result<(), NamespaceError> {
-    unshare(INIT_NAMESPACES).map_err(|e| NamespaceError::Unshare("mount+uts+ipc", e))
+    unshare(INIT_NAMESPACES).map_err(|e| NamespaceError::Unshare("mount+uts+ipc+cgroup", e))
 }

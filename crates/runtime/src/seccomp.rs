@@ -3,6 +3,10 @@
 //! perf, clock setting, swap, quotas, handle-based open, userfaultfd and friends. `clone3` answers ENOSYS
 //! so libc falls back to `clone`, whose namespace flags the filter can inspect.
 //!
+//! io_uring (`io_uring_setup`, `io_uring_enter`, `io_uring_register`) is denied too unless the sandbox
+//! opts in ([`SyscallPolicy::allow_io_uring`]): its submission queue performs operations that no
+//! seccomp filter sees, and it has been the door of many kernel exploits (Docker denies it since 25.0).
+//!
 //! The program is compiled with `seccompiler` and installed directly with seccomp(2): the sandbox's
 //! init still holds CAP_SYS_ADMIN when it installs it, so `no_new_privs` stays a separate choice.
 
@@ -74,6 +78,21 @@ const DENIED: &[i64] = &[
     libc::SYS_vhangup,
 ];
 
+/// The io_uring syscalls, denied unless the sandbox opts in.
+const IO_URING: [i64; 3] = [
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
+/// What a sandbox may do beyond the default filter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct SyscallPolicy {
+    /// Allow io_uring (denied by default).
+    #[serde(default)]
+    pub allow_io_uring: bool,
+}
+
 /// Namespace flags `clone` may not carry.
 const NAMESPACE_FLAGS: [libc::c_int; 7] = [
     libc::CLONE_NEWNS,
@@ -92,10 +111,21 @@ fn target_arch() -> TargetArch {
     TargetArch::x86_64
 }
 
+/// Syscalls `policy` denies outright.
+fn denied(policy: SyscallPolicy) -> Vec<i64> {
+    let mut denied = DENIED.to_vec();
+    if !policy.allow_io_uring {
+        denied.extend(IO_URING);
+    }
+    denied
+}
+
 /// The deny-list program (EPERM) and the clone3 program (ENOSYS).
-pub fn sandbox_filters() -> Result<Vec<BpfProgram>, SeccompError> {
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
-        DENIED.iter().map(|nr| (*nr, Vec::new())).collect();
+pub fn sandbox_filters(policy: SyscallPolicy) -> Result<Vec<BpfProgram>, SeccompError> {
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = denied(policy)
+        .into_iter()
+        .map(|nr| (nr, Vec::new()))
+        .collect();
     let clone_rules = NAMESPACE_FLAGS
         .iter()
         .map(|flag| {
@@ -157,8 +187,21 @@ mod tests {
 
     #[test]
     fn filters_compile() {
-        let filters = sandbox_filters().unwrap();
-        assert_eq!(filters.len(), 2);
-        assert!(filters.iter().all(|f| !f.is_empty()));
+        for allow_io_uring in [false, true] {
+            let filters = sandbox_filters(SyscallPolicy { allow_io_uring }).unwrap();
+            assert_eq!(filters.len(), 2);
+            assert!(filters.iter().all(|f| !f.is_empty()));
+        }
+    }
+
+    #[test]
+    fn io_uring_is_denied_unless_allowed() {
+        let default = denied(SyscallPolicy::default());
+        assert!(IO_URING.iter().all(|nr| default.contains(nr)));
+        let opted_in = denied(SyscallPolicy {
+            allow_io_uring: true,
+        });
+        assert!(IO_URING.iter().all(|nr| !opted_in.contains(nr)));
+        assert!(opted_in.contains(&libc::SYS_bpf));
     }
 }

@@ -69,6 +69,12 @@ fn server_config(
     if let Some(max) = args.max_total_memory_mib {
         config.limits.max_total_memory_mib = max;
     }
+    if let Some(max) = args.sandbox_max_pids {
+        config.default_resources.max_pids = max;
+    }
+    if let Some(mib) = args.sandbox_disk_mib {
+        config.default_resources.disk_mib = mib;
+    }
     config.expedite_rcu = !args.keep_rcu_normal;
     config
 }

@@ -15,8 +15,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use warren_runtime::{
-    Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState, Sandbox,
-    SandboxSpec, Stats, AGENT_PORT,
+    Capabilities, CheckpointInfo, HostCapacity, ProcessInfo, Runtime, RuntimeError, RuntimeState,
+    Sandbox, SandboxSpec, Stats, AGENT_PORT,
 };
 use warren_testkit::TestServer;
 
@@ -104,6 +104,14 @@ impl Runtime for HostAgentRuntime {
             cgroup_version: 1,
             checkpoint: false,
         }
+    }
+
+    /// Host-mode agents share the host: no share of it is set aside for them.
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
+        Ok(HostCapacity {
+            sandbox_tasks: u64::MAX,
+            sandbox_disk_bytes: u64::MAX,
+        })
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {

@@ -1,4 +1,10 @@
-//! Per-sandbox cgroups: CPU quota, memory limit, pids limit, io weight, freezer and accounting.
+//! Per-sandbox cgroups: CPU quota, memory limit, pids limit, io weight, freezer, device allow-list and
+//! accounting.
+//!
+//! The device allow-list ([`DEVICE_ALLOW_LIST`]) needs the v1 devices controller. cgroup v2 has no
+//! devices files: there the kernel asks a `BPF_PROG_TYPE_CGROUP_DEVICE` program attached to the
+//! cgroup, and Warren attaches none yet, so on v2 the sandbox's devices are limited only by its private
+//! /dev (a tmpfs holding just the allowed nodes) and the missing CAP_MKNOD.
 //!
 //! cgroup v1 (one directory per controller) and v2 (one unified directory) sit behind [`Cgroups`] and
 //! [`SandboxCgroup`]; the version is detected once at start. Sandbox cgroups are named
@@ -6,6 +12,8 @@
 
 mod v1;
 mod v2;
+
+pub use v1::DEVICE_ALLOW_LIST;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -97,6 +105,17 @@ impl Cgroups {
             return Err(err);
         }
         Ok(cgroup)
+    }
+
+    /// Caps the tasks of all sandboxes together (`pids.max` of Warren's parent cgroup), so the sum of
+    /// the sandboxes' own limits can never take the host's last PIDs. Needs the parent to exist (it
+    /// does once one sandbox cgroup was made).
+    pub fn cap_sandbox_tasks(&self, max: u64) -> Result<(), CgroupError> {
+        let parent = match self.version {
+            CgroupVersion::V1 => self.mount.join("pids").join(PARENT),
+            CgroupVersion::V2 => self.mount.join(PARENT),
+        };
+        write(&parent.join("pids.max"), &max.to_string())
     }
 
     /// IDs of the sandbox cgroups that exist on this host.

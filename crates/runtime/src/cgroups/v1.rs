@@ -9,7 +9,21 @@ use crate::Resources;
 
 /// Controllers Warren uses; `memory` first (it is the primary directory for `cgroup.procs`).
 const REQUIRED: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
-const OPTIONAL: [&str; 1] = ["blkio"];
+const OPTIONAL: [&str; 2] = ["blkio", "devices"];
+
+/// The device nodes a sandbox may open or create (the devices controller's allow-list): exactly the
+/// nodes of its /dev (see `rootfs::sandbox_mounts`) and the pseudo-terminals of its devpts. Everything
+/// else, the host's disks and /dev/mem included, is refused even to the sandbox's root.
+pub const DEVICE_ALLOW_LIST: [&str; 8] = [
+    "c 1:3 rwm",   // null
+    "c 1:5 rwm",   // zero
+    "c 1:7 rwm",   // full
+    "c 1:8 rwm",   // random
+    "c 1:9 rwm",   // urandom
+    "c 5:0 rwm",   // tty
+    "c 5:2 rwm",   // ptmx
+    "c 136:* rwm", // pts/*
+];
 
 pub(super) fn check(mount: &Path) -> Result<(), CgroupError> {
     for controller in REQUIRED {
@@ -99,6 +113,19 @@ pub(super) fn create(dirs: &[PathBuf], resources: &Resources) -> Result<(), Cgro
     let blkio = controller_dir(dirs, "blkio").join("blkio.weight");
     if blkio.exists() {
         write(&blkio, "100").ok();
+    }
+    let devices = controller_dir(dirs, "devices");
+    if devices.join("devices.deny").exists() {
+        restrict_devices(&devices)?;
+    }
+    Ok(())
+}
+
+/// Denies every device, then allows [`DEVICE_ALLOW_LIST`]. Runs before any task joins the cgroup.
+fn restrict_devices(dir: &Path) -> Result<(), CgroupError> {
+    write(&dir.join("devices.deny"), "a")?;
+    for rule in DEVICE_ALLOW_LIST {
+        write(&dir.join("devices.allow"), rule)?;
     }
     Ok(())
 }

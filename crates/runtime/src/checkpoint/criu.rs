@@ -190,7 +190,7 @@ impl Criu {
         run(command, "dump", args.log)
     }
 
-    /// Restores the images into fresh pid/mount/uts/ipc namespaces, in the given network namespace and
+    /// Restores the images into fresh pid/mount/uts/ipc/cgroup namespaces, in the given network namespace and
     /// cgroups; returns the host PID of the restored init, which is reparented to the nearest child
     /// subreaper of the caller once CRIU exits.
     pub fn restore(&self, args: &RestoreArgs<'_>) -> Result<u32, CheckpointError> {
@@ -235,7 +235,9 @@ impl Criu {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                if libc::unshare(libc::CLONE_NEWNS) != 0 {
+                // After the cgroup joins: the restored tree inherits a cgroup namespace rooted at
+                // the new sandbox's cgroups (CRIU with --manage-cgroups=ignore makes none itself).
+                if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWCGROUP) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 let root = c"/";

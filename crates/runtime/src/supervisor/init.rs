@@ -57,7 +57,8 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     super::run::phase("init rootfs ready");
     redirect_stdio()?;
 
-    let filters = seccomp::sandbox_filters().map_err(|e| super::run::error_chain(&e))?;
+    let filters =
+        seccomp::sandbox_filters(config.syscalls).map_err(|e| super::run::error_chain(&e))?;
     if config.no_new_privs {
         capabilities::set_no_new_privs().map_err(|e| super::run::error_chain(&e))?;
     }

@@ -63,6 +63,10 @@ pub struct SupervisorConfig {
     /// Keep CAP_NET_RAW ([`crate::NetworkSpec::raw_sockets`]).
     #[serde(default)]
     pub net_raw: bool,
+    /// Syscalls the sandbox may use beyond the default seccomp filter (a restore keeps the filter
+    /// the checkpoint was taken with: CRIU restores it).
+    #[serde(default)]
+    pub syscalls: crate::seccomp::SyscallPolicy,
     /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
     #[serde(default)]
     pub restore: Option<RestorePlan>,

@@ -110,6 +110,7 @@ pub fn spec(id: &str, layers: Vec<PathBuf>, resources: Resources) -> SandboxSpec
         layers,
         resources,
         network: NetworkSpec::default(),
+        syscalls: Default::default(),
     }
 }
 
@@ -153,7 +154,7 @@ pub fn leftovers(state_dir: &Path, ids: &[String]) -> Vec<String> {
     }
     for id in ids {
         for controller in [
-            "memory", "cpu", "cpuacct", "pids", "freezer", "blkio", "unified",
+            "memory", "cpu", "cpuacct", "pids", "freezer", "blkio", "devices", "unified",
         ] {
             let path = Path::new("/sys/fs/cgroup")
                 .join(controller)

@@ -78,6 +78,11 @@ impl From<LifecycleError> for ApiError {
                 ApiError::not_found(format!("template '{id}' not found"))
             }
             LifecycleError::BadRequest(message) => ApiError::bad_request(message.clone()),
+            LifecycleError::Quota(refused) if refused.is_storage() => ApiError {
+                status: StatusCode::INSUFFICIENT_STORAGE,
+                message: refused.to_string(),
+                error_code: Some("insufficient_storage"),
+            },
             LifecycleError::Quota(refused) => ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 message: refused.to_string(),

@@ -362,6 +362,7 @@ impl Lifecycle {
                 allow_internet: record.allow_internet.unwrap_or(true),
                 raw_sockets: false,
             },
+            syscalls: Default::default(),
         }
     }
 
@@ -519,17 +520,32 @@ impl Lifecycle {
                     ..SandboxFilter::default()
                 })
                 .await?;
+            let max_pids = self.config.default_resources.max_pids;
             let request = Request {
                 vcpus: record.vcpus,
                 memory_mib: record.memory_mib,
+                max_pids,
+                disk_mib: record.disk_mib,
+            };
+            let capacity = match self.on_runtime(|runtime| runtime.host_capacity()).await {
+                Ok(capacity) => capacity,
+                Err(source) => {
+                    self.forget_lock(&record.id);
+                    return Err(LifecycleError::Runtime {
+                        action: "measure the host for",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
             };
             let team = self.store.get_team(&record.team_id).await?;
             let team_live = live.iter().filter(|s| s.team_id == record.team_id);
-            let refused = admission::admit(&self.config.limits, Usage::of(&live), request)
+            let usage = Usage::of(&live, max_pids);
+            let refused = admission::admit(&self.config.limits, usage, request, capacity)
                 .err()
                 .or_else(|| {
                     let team = team.as_ref()?;
-                    admission::admit_team(team, Usage::of(team_live), request).err()
+                    admission::admit_team(team, Usage::of(team_live, max_pids), request).err()
                 });
             if let Some(refused) = refused {
                 self.metrics.admission_refused();

@@ -16,8 +16,8 @@ use hyper::body::{Frame, Incoming};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use warren_runtime::{
-    Capabilities, CheckpointInfo, ProcessInfo, Runtime, RuntimeError, RuntimeState, Sandbox,
-    SandboxSpec, Stats, AGENT_PORT,
+    Capabilities, CheckpointInfo, HostCapacity, ProcessInfo, Runtime, RuntimeError, RuntimeState,
+    Sandbox, SandboxSpec, Stats, AGENT_PORT,
 };
 
 static NEXT_IP: AtomicU32 = AtomicU32::new(1);
@@ -51,6 +51,8 @@ pub struct FakeRuntime {
     pub fail_checkpoint: AtomicBool,
     /// Make `restore` fail (the checkpoint stays as it was).
     pub fail_restore: AtomicBool,
+    /// What `host_capacity` reports (plenty unless a test lowers it).
+    pub capacity: Mutex<HostCapacity>,
 }
 
 impl FakeRuntime {
@@ -63,6 +65,10 @@ impl FakeRuntime {
             fail_create: AtomicBool::new(false),
             fail_checkpoint: AtomicBool::new(false),
             fail_restore: AtomicBool::new(false),
+            capacity: Mutex::new(HostCapacity {
+                sandbox_tasks: u64::MAX,
+                sandbox_disk_bytes: u64::MAX,
+            }),
         })
     }
 
@@ -95,6 +101,7 @@ impl FakeRuntime {
                 max_pids: 64,
             },
             network: Default::default(),
+            syscalls: Default::default(),
         };
         self.create(&spec).unwrap();
     }
@@ -244,6 +251,10 @@ impl Runtime for FakeRuntime {
             cgroup_version: 1,
             checkpoint: self.checkpoint,
         }
+    }
+
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
+        Ok(*self.capacity.lock().unwrap())
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {

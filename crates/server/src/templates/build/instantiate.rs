@@ -52,6 +52,7 @@ pub fn start_sandbox(
         layers: built.layers.clone(),
         resources,
         network,
+        syscalls: Default::default(),
     };
     let runtime_err = |source| InstantiateError::Runtime {
         id: id.to_string(),

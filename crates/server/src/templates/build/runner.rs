@@ -314,6 +314,7 @@ impl<'a> TemplateBuilder<'a> {
                         allow_internet: self.settings.allow_internet,
                         raw_sockets: false,
                     },
+                    syscalls: Default::default(),
                 };
                 let sandbox = self
                     .runtime
@@ -447,6 +448,7 @@ impl<'a> TemplateBuilder<'a> {
                 allow_internet: self.settings.allow_internet,
                 raw_sockets: false,
             },
+            syscalls: Default::default(),
         };
         let sandbox = self
             .runtime
@@ -616,6 +618,11 @@ mod tests {
                 cgroup_version: 1,
                 checkpoint: self.checkpoint,
             }
+        }
+        fn host_capacity(&self) -> Result<warren_runtime::HostCapacity, RuntimeError> {
+            Err(RuntimeError::Unsupported(
+                "not measured in these tests".into(),
+            ))
         }
         fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
             self.created.lock().unwrap().push(spec.clone());

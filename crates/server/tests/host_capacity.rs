@@ -1,0 +1,75 @@
+//! Admission against the host's real capacity, through the API: the runtime reports how many tasks
+//! and how much state disk the sandboxes may still take (injected here), and a create beyond either is
+//! refused with a status and a message naming the resource.
+
+mod support;
+
+use hyper::{Method, StatusCode};
+use serde_json::json;
+use support::Harness;
+use warren_runtime::HostCapacity;
+
+const MIB: u64 = 1024 * 1024;
+
+async fn refused_create(h: &Harness) -> (StatusCode, serde_json::Value) {
+    let answer = h
+        .api(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    (answer.status, answer.json())
+}
+
+#[tokio::test]
+async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() {
+    let h = Harness::start(false, |c| {
+        c.default_resources.max_pids = 1000;
+        c.default_resources.disk_mib = 100;
+    })
+    .await;
+    // Room for two sandboxes' task limits, and disk for many.
+    *h.runtime.capacity.lock().unwrap() = HostCapacity {
+        sandbox_tasks: 2500,
+        sandbox_disk_bytes: 10_000 * MIB,
+    };
+    let first = h.create(json!({"templateID": "base"})).await;
+    let second = h.create(json!({"templateID": "base"})).await;
+    let (status, body) = refused_create(&h).await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("task capacity") && message.contains("2000 tasks"),
+        "{message}"
+    );
+    assert_eq!(h.runtime.live_ids().len(), 2, "the third was not started");
+
+    // Killing one frees its tasks; now the disk is what is short.
+    let id = first["sandboxID"].as_str().unwrap();
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    *h.runtime.capacity.lock().unwrap() = HostCapacity {
+        sandbox_tasks: 2500,
+        sandbox_disk_bytes: 99 * MIB,
+    };
+    let (status, body) = refused_create(&h).await;
+    assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
+    assert_eq!(body["code"], json!(507));
+    let message = body["message"].as_str().unwrap();
+    assert!(
+        message.contains("insufficient storage") && message.contains("100 MiB"),
+        "{message}"
+    );
+    *h.runtime.capacity.lock().unwrap() = HostCapacity {
+        sandbox_tasks: 2500,
+        sandbox_disk_bytes: 100 * MIB,
+    };
+    let third = h.create(json!({"templateID": "base"})).await;
+    for sandbox in [&second, &third] {
+        let id = sandbox["sandboxID"].as_str().unwrap();
+        h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+            .await;
+    }
+    h.server.stop().await.unwrap();
+}
