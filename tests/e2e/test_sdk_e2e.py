@@ -69,6 +69,21 @@ def _list_ids(Sandbox, metadata):
     return ids
 
 
+def test_sdk_user_can_sudo(sdk_env):
+    """E2B templates run `sudo apt-get ...` as `user`: passwordless sudo works, root stays contained."""
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(template="base", timeout=120)
+    try:
+        result = sandbox.commands.run("sudo -n id -u && sudo -n apt-get --version | head -n 1", user="user")
+        lines = result.stdout.strip().splitlines()
+        assert lines[0] == "0", result.stdout
+        assert lines[1].startswith("apt "), result.stdout
+        assert sandbox.commands.run("id -u", user="user").stdout.strip() == "1000"
+    finally:
+        sandbox.kill()
+
+
 def test_sdk_unknown_template_is_a_clear_error(sdk_env):
     from e2b import Sandbox
     from e2b.exceptions import SandboxException

@@ -108,6 +108,11 @@ pub struct UpArgs {
     /// create on cgroup v1 hosts.
     #[arg(long, env = "WARREN_KEEP_RCU_NORMAL")]
     pub keep_rcu_normal: bool,
+    /// Set no_new_privs on every sandbox: setuid programs (sudo, su, ping on some images) stop
+    /// working inside. Off by default, as in Docker and E2B, where `user` has passwordless sudo; root
+    /// inside keeps the reduced capability set and seccomp filter either way.
+    #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
+    pub no_new_privs: bool,
 }
 
 /// Where Warren keeps its database and sandboxes.

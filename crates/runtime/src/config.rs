@@ -19,7 +19,9 @@ pub struct LinuxRuntimeConfig {
     pub gateway: Ipv4Addr,
     /// Prefix length of the sandbox subnet around `gateway`.
     pub subnet_prefix: u8,
-    /// Set `no_new_privs` on the sandbox's PID 1. It makes setuid binaries (sudo) inert inside.
+    /// Set `no_new_privs` on the sandbox's PID 1. It makes setuid binaries (sudo) inert inside, so it
+    /// is off by default (as in Docker): `sudo` as the sandbox's `user` then gives root with the
+    /// sandbox's reduced capability set and seccomp filter, nothing more.
     pub no_new_privs: bool,
     /// How long `create` waits for the agent's port to accept connections.
     pub agent_timeout: std::time::Duration,
@@ -43,7 +45,7 @@ impl Default for LinuxRuntimeConfig {
             bridge: "warren0".to_string(),
             gateway: Ipv4Addr::new(10, 77, 0, 1),
             subnet_prefix: 16,
-            no_new_privs: true,
+            no_new_privs: false,
             agent_timeout: std::time::Duration::from_secs(15),
             expedite_rcu: true,
             raise_kernel_limits: true,

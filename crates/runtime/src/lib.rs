@@ -16,7 +16,7 @@
 //! [`seccomp`], [`capabilities`], [`network`] (bridge, veth, address leases, nftables), [`supervisor`].
 //!
 //! No user namespace: the sandbox's root is the host's uid 0 with Docker's default capability set (minus
-//! CAP_MKNOD and, unless [`NetworkSpec::raw_sockets`] asks for it, CAP_NET_RAW), a seccomp deny list, `no_new_privs` and a masked /proc, like a default Docker container.
+//! CAP_MKNOD and, unless [`NetworkSpec::raw_sockets`] asks for it, CAP_NET_RAW), a seccomp deny list, optionally `no_new_privs`, and a masked /proc, like a default Docker container.
 //! A user namespace would need id-mapped (or chowned) template layers, cannot mknod the sandbox's own
 //! /dev nodes, and adds the userns to everything CRIU must dump and restore; the isolation tests hold
 //! without it.

@@ -202,7 +202,27 @@ fn sandbox_cannot_load_modules_mount_or_escape() {
     );
     assert_eq!(bnd & (1 << 27), 0, "CAP_MKNOD in bounding set: {status}");
     assert!(status.contains("Seccomp:\t2"), "{status}");
-    assert!(status.contains("NoNewPrivs:\t1"), "{status}");
+    // No no_new_privs by default (as in Docker): the sandbox's `user` can sudo, and gets root with
+    // the same reduced bounding set and seccomp filter.
+    assert!(status.contains("NoNewPrivs:\t0"), "{status}");
+    let via_sudo = must_pass(
+        s,
+        "setpriv --reuid=1000 --regid=1000 --init-groups sudo -n sh -c 'id -u; grep -E \"^(CapBnd|Seccomp):\" /proc/self/status'",
+    );
+    assert!(via_sudo.starts_with("0\n"), "sudo as user: {via_sudo}");
+    assert!(
+        via_sudo.contains("Seccomp:\t2"),
+        "sudo escaped seccomp: {via_sudo}"
+    );
+    let sudo_bnd = via_sudo
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .map(|v| u64::from_str_radix(v.trim(), 16).unwrap());
+    assert_eq!(
+        sudo_bnd,
+        Some(bnd),
+        "sudo widened the bounding set: {via_sudo}"
+    );
     // Kernel knobs and memory are masked.
     must_fail(s, "echo 1 > /proc/sys/vm/drop_caches 2>&1");
     for masked in [

@@ -36,6 +36,8 @@ pub struct ServerConfig {
     /// Let the runtime switch the host to expedited RCU grace periods (faster creates; see
     /// `warren_runtime::LinuxRuntimeConfig::expedite_rcu`).
     pub expedite_rcu: bool,
+    /// Set `no_new_privs` in every sandbox (`warren_runtime::LinuxRuntimeConfig::no_new_privs`).
+    pub no_new_privs: bool,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -119,6 +121,7 @@ impl ServerConfig {
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
             expedite_rcu: true,
+            no_new_privs: false,
         }
     }
 

@@ -12,6 +12,7 @@ pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigEr
     let mut runtime_config = LinuxRuntimeConfig {
         state_dir: config.state_dir.clone(),
         expedite_rcu: config.expedite_rcu,
+        no_new_privs: config.no_new_privs,
         ..LinuxRuntimeConfig::default()
     };
     if let Some(agent) = &config.agent_binary {

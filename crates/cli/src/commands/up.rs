@@ -76,6 +76,7 @@ fn server_config(
         config.default_resources.disk_mib = mib;
     }
     config.expedite_rcu = !args.keep_rcu_normal;
+    config.no_new_privs = args.no_new_privs;
     config
 }
 
