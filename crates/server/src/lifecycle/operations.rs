@@ -720,12 +720,26 @@ impl Lifecycle {
         .await
     }
 
-    /// Move the end time to `now + timeout`.
+    /// Move the end time to `now + timeout`. A timeout of 0 ends the sandbox now, the way its time
+    /// running out would (pause with autoPause, else kill), as E2B does.
     pub async fn set_timeout(
         &self,
         id: &str,
         timeout: i64,
     ) -> Result<SandboxRecord, LifecycleError> {
+        if timeout == 0 {
+            let (_held, mut record) = self.lock_live(id).await?;
+            if record.state != SandboxState::Running {
+                let now = now_millis();
+                record.end_at = now;
+                self.store.set_sandbox_end(id, now, now).await?;
+            } else if record.auto_pause {
+                self.pause_locked(&mut record, "timeout set to 0").await?;
+            } else {
+                self.kill_locked(&mut record, "timeout set to 0").await?;
+            }
+            return Ok(record);
+        }
         let timeout = self.timeout_millis(Some(timeout))?;
         let (_held, mut record) = self.lock_live(id).await?;
         let now = now_millis();
