@@ -31,6 +31,8 @@ use table::{ProcessHandle, EVENT_BUFFER};
 
 const STD_CHUNK: usize = 32 << 10;
 const PTY_CHUNK: usize = 16 << 10;
+/// How long SendSignal(SIGKILL) waits for the process to be reaped before it answers anyway.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 pub async fn list(
@@ -107,6 +109,7 @@ pub async fn start(
     let pid = spawned.pid;
     let (events, first_subscriber) = broadcast::channel(EVENT_BUFFER);
     let (ended_tx, ended) = watch::channel(None);
+    let (reaped_tx, reaped) = watch::channel(false);
     let (stdin, pty_master, readers) = match spawned.io {
         SpawnedIo::Pipes {
             stdout,
@@ -136,6 +139,7 @@ pub async fn start(
         tag: req.tag.clone(),
         events: events.clone(),
         ended,
+        reaped,
         stdin: tokio::sync::Mutex::new(stdin),
         pty: pty_master,
     });
@@ -159,6 +163,7 @@ pub async fn start(
     let supervisor_handle = handle.clone();
     tokio::spawn(async move {
         let status = spawned.exit.await;
+        let _ = reaped_tx.send(true);
         // Output still buffered in the pipes is delivered; a pipe held open by a leftover
         // grandchild is not waited for longer than a moment after the process itself ended.
         for reader in readers {
@@ -442,6 +447,17 @@ pub async fn send_signal(
         }
     };
     handle.signal(signal)?;
+    if signal == nix::sys::signal::Signal::SIGKILL {
+        // `commands.kill(pid)` returns once the process is gone, so a `kill -0 pid` right after it fails.
+        // SIGKILL cannot be caught; only a process stuck in the kernel outlasts the bound, and then the
+        // signal is still pending on it.
+        if !handle.wait_reaped(KILL_WAIT).await {
+            tracing::warn!(
+                pid = handle.pid,
+                "process not reaped {KILL_WAIT:?} after SIGKILL"
+            );
+        }
+    }
     Ok(SendSignalResponse {})
 }
 
