@@ -27,3 +27,9 @@ def test_kill_returns_once_the_process_is_gone(sbx):
         with pytest.raises(CommandExitException):
             handle.wait()
 
+
+def test_a_timed_out_command_is_a_timeout_never_an_exit_code(sbx):
+    # Repeated: the end the timeout causes (killed, -1) used to race the timeout's own report.
+    for _ in range(15):
+        with pytest.raises(TimeoutException):
+            sbx.commands.run("sleep 30", timeout=0.3)

@@ -144,13 +144,18 @@ pub async fn start(
         pty: pty_master,
     });
     agent.processes.insert(handle.clone());
-    if let Some(timeout) = ctx.timeout {
+    // One deadline for the process and its stream, so the stream always reports the timeout itself
+    // rather than the end (killed, -1) that the timeout caused.
+    let deadline = ctx
+        .timeout
+        .map(|timeout| tokio::time::Instant::now() + timeout);
+    if let Some(deadline) = deadline {
         // Like envd, the command's timeout bounds the process, not just this stream.
         let doomed = handle.clone();
         let mut ended = handle.ended.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep(timeout) => {
+                _ = tokio::time::sleep_until(deadline) => {
                     let _ = doomed.signal(nix::sys::signal::Signal::SIGKILL);
                 }
                 _ = ended.wait_for(|e| e.is_some()) => {}
@@ -177,7 +182,7 @@ pub async fn start(
         drop(supervisor_handle);
     });
 
-    let stream = event_stream(&ctx, handle, first_subscriber, ctx.timeout, |event| {
+    let stream = event_stream(&ctx, handle, first_subscriber, deadline, |event| {
         StartResponse {
             event: Some(ProcessEvent { event: Some(event) }),
         }
@@ -204,7 +209,7 @@ fn event_stream<M: Send + 'static>(
     ctx: &CallContext,
     handle: Arc<ProcessHandle>,
     mut rx: broadcast::Receiver<Event>,
-    deadline: Option<Duration>,
+    deadline: Option<tokio::time::Instant>,
     wrap: fn(Event) -> M,
 ) -> MessageStream<M> {
     let (tx, out) = mpsc::channel::<Result<M, ConnectError>>(64);
@@ -214,6 +219,14 @@ fn event_stream<M: Send + 'static>(
         if tx.send(Ok(wrap(start))).await.is_err() {
             return;
         }
+        let timeout_error = || {
+            ConnectError::new(
+                Code::DeadlineExceeded,
+                "the command's timeout expired and it was killed",
+            )
+        };
+        // An end at or after the deadline is the timeout's doing.
+        let expired = move || deadline.is_some_and(|at| tokio::time::Instant::now() >= at);
         let already_ended = handle.ended.borrow().clone();
         if let Some(end) = already_ended {
             // Output this subscriber was sent before the end still goes out first.
@@ -225,23 +238,34 @@ fn event_stream<M: Send + 'static>(
                     return;
                 }
             }
-            let _ = tx.send(Ok(wrap(Event::End(end)))).await;
+            let last = if expired() {
+                Err(timeout_error())
+            } else {
+                Ok(wrap(Event::End(end)))
+            };
+            let _ = tx.send(last).await;
             return;
         }
-        let deadline_at = deadline.map(|d| tokio::time::Instant::now() + d);
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         loop {
             let timed_out = async {
-                match deadline_at {
+                match deadline {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
+                biased;
+                _ = timed_out => {
+                    let _ = handle.signal(nix::sys::signal::Signal::SIGKILL);
+                    let _ = tx.send(Err(timeout_error())).await;
+                    return;
+                }
                 event = rx.recv() => match event {
                     Ok(Event::End(end)) => {
-                        let _ = tx.send(Ok(wrap(Event::End(end)))).await;
+                        let last = if expired() { Err(timeout_error()) } else { Ok(wrap(Event::End(end))) };
+                        let _ = tx.send(last).await;
                         return;
                     }
                     Ok(other) => {
@@ -260,16 +284,6 @@ fn event_stream<M: Send + 'static>(
                     if tx.send(Ok(wrap(ka))).await.is_err() {
                         return;
                     }
-                }
-                _ = timed_out => {
-                    let _ = handle.signal(nix::sys::signal::Signal::SIGKILL);
-                    let _ = tx
-                        .send(Err(ConnectError::new(
-                            Code::DeadlineExceeded,
-                            "the command's timeout expired and it was killed",
-                        )))
-                        .await;
-                    return;
                 }
                 _ = tx.closed() => return,
             }
