@@ -33,3 +33,29 @@ def test_a_timed_out_command_is_a_timeout_never_an_exit_code(sbx):
     for _ in range(15):
         with pytest.raises(TimeoutException):
             sbx.commands.run("sleep 30", timeout=0.3)
+
+
+def test_get_info_on_a_symlink_reports_the_target_like_envd(sbx, shared_agent):
+    from e2b import FileType
+
+    home = shared_agent.home()
+    sbx.files.make_dir("links/real-dir")
+    sbx.files.write("links/real-dir/f.txt", "x")
+    for name, target in [("to-dir", "real-dir"), ("to-file", "real-dir/f.txt"), ("hop", "to-file"), ("dangling", "nowhere")]:
+        link = home / "links" / name
+        if not link.is_symlink():
+            link.symlink_to(target)
+    to_dir = sbx.files.get_info("links/to-dir")
+    assert (to_dir.type, to_dir.symlink_target) == (FileType.DIR, "/home/user/links/real-dir")
+    to_file = sbx.files.get_info("links/to-file")
+    assert (to_file.type, to_file.symlink_target) == (FileType.FILE, "/home/user/links/real-dir/f.txt")
+    # A chain resolves to its end.
+    assert sbx.files.get_info("links/hop").symlink_target == "/home/user/links/real-dir/f.txt"
+    # A dangling link has neither a type nor a target.
+    dangling = sbx.files.get_info("links/dangling")
+    assert (dangling.type, dangling.symlink_target) == (None, None)
+    # Listing shows the same, and does not walk into a linked directory.
+    listed = {e.path: e for e in sbx.files.list("links", depth=2)}
+    assert listed["/home/user/links/to-dir"].type == FileType.DIR
+    assert "/home/user/links/to-dir/f.txt" not in listed
+    assert "/home/user/links/real-dir/f.txt" in listed
