@@ -59,3 +59,11 @@ def test_get_info_on_a_symlink_reports_the_target_like_envd(sbx, shared_agent):
     assert listed["/home/user/links/to-dir"].type == FileType.DIR
     assert "/home/user/links/to-dir/f.txt" not in listed
     assert "/home/user/links/real-dir/f.txt" in listed
+
+
+def test_a_nonexistent_user_gets_envds_error(sbx):
+    from e2b.exceptions import AuthenticationException
+
+    with pytest.raises(AuthenticationException) as exc_info:
+        sbx.commands.run("id", user="wt-nosuch")
+    assert str(exc_info.value) == "invalid username: 'wt-nosuch'"

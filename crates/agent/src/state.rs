@@ -109,12 +109,14 @@ impl Agent {
             None => self.default_user(),
         };
         found.map_err(|e| {
+            // envd's exact wording, which SDK users match on; the cause goes to the log.
             let what = if requested.is_some() {
                 "invalid username"
             } else {
                 "invalid default user"
             };
-            ConnectError::new(Code::Unauthenticated, format!("{what} '{name}': {e}"))
+            tracing::info!(user = %name, error = %e, "{what}");
+            ConnectError::new(Code::Unauthenticated, format!("{what}: '{name}'"))
         })
     }
 
