@@ -61,6 +61,29 @@ def test_get_info_on_a_symlink_reports_the_target_like_envd(sbx, shared_agent):
     assert "/home/user/links/real-dir/f.txt" in listed
 
 
+def test_write_creates_missing_parents_as_root_and_hands_them_to_the_user(sbx, shared_agent):
+    if not IS_ROOT:
+        print("SKIP: creating parents as root and handing them over needs the agent to run as root")
+        return
+    # `/` belongs to root, so `user` could not make /wt-parents itself; envd makes it as root.
+    info = sbx.files.write("/wt-parents/a/b.txt", "deep")
+    assert info.path == "/wt-parents/a/b.txt"
+    assert sbx.files.read("/wt-parents/a/b.txt") == "deep"
+    for rel in ["wt-parents", "wt-parents/a", "wt-parents/a/b.txt"]:
+        st = (shared_agent.root / rel).stat()
+        assert (st.st_uid, st.st_gid) == (USER_UID, USER_UID), rel
+    assert (shared_agent.root / "wt-parents" / "a").stat().st_mode & 0o777 == 0o755
+    # write_files goes the same way.
+    sbx.files.write_files([{"path": "/wt-parents/c/d.txt", "data": "1"}, {"path": "/wt-parents/e/f.txt", "data": "2"}])
+    assert (shared_agent.root / "wt-parents" / "e").stat().st_uid == USER_UID
+    # What exists is not taken over: writing into root's own directory stays refused.
+    from e2b.exceptions import SandboxException
+
+    (shared_agent.root / "wt-root-only").mkdir(mode=0o755, exist_ok=True)
+    with pytest.raises(SandboxException):
+        sbx.files.write("/wt-root-only/x.txt", "no")
+
+
 def test_a_nonexistent_user_gets_envds_error(sbx):
     from e2b.exceptions import AuthenticationException
 

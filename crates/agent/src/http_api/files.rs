@@ -293,8 +293,53 @@ fn metadata_from_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, R
     Ok(out)
 }
 
-/// Writes `reader` to `path` as `user`, creating parent directories.
+/// Creates the directories missing above `host` (below `root`) the way envd does: as root, mode
+/// 0755, each handed to the writing user. A user can thus write `/0/a/b.txt` although `/` is not
+/// theirs; directories that already exist are left as they are.
+fn ensure_parents(
+    root: &std::path::Path,
+    host: &std::path::Path,
+    id: &Identity,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(parent) = host.parent() else {
+        return Ok(());
+    };
+    let Ok(below_root) = parent.strip_prefix(root) else {
+        return Ok(());
+    };
+    let mut dir = root.to_path_buf();
+    for part in below_root.components() {
+        dir.push(part);
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    format!("path is a file: {}", dir.display()),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+            Ok(()) => {}
+            // Made by a concurrent write meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        if identity::can_switch() {
+            std::os::unix::fs::chown(&dir, Some(id.uid), Some(id.gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `reader` to `path` as `user`, creating missing parent directories (see
+/// `ensure_parents`). The file is opened with the user's credentials, so the kernel decides what
+/// they may overwrite.
 async fn write_file(
+    root: &std::path::Path,
     user: &User,
     path: &ResolvedPath,
     reader: impl AsyncRead + Unpin,
@@ -302,14 +347,28 @@ async fn write_file(
 ) -> Result<(), Response> {
     let id = Identity::from(user);
     let host = path.host.clone();
-    let opened = identity::blocking_as(id.clone(), move || {
-        if let Some(parent) = host.parent() {
-            std::fs::create_dir_all(parent)?;
+    let root = root.to_path_buf();
+    let owner = id.clone();
+    let parents = tokio::task::spawn_blocking(move || ensure_parents(&root, &host, &owner)).await;
+    match parents {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(io_response(
+                &e,
+                &format!("error creating the parents of '{}'", path.sandbox),
+            ))
         }
-        if std::fs::metadata(&host)
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
+        Err(e) => {
+            return Err(json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            ))
+        }
+    }
+    let host = path.host.clone();
+    let opened = identity::blocking_as(id.clone(), move || {
+        let existing = std::fs::metadata(&host).ok();
+        if existing.as_ref().is_some_and(|m| m.is_dir()) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::IsADirectory,
                 "path is a directory",
@@ -462,7 +521,7 @@ pub async fn upload(
             }
             seen.push(path.sandbox.clone());
             let reader = StreamReader::new(field.map_err(std::io::Error::other));
-            if let Err(r) = write_file(&user, &path, reader, &metadata).await {
+            if let Err(r) = write_file(&agent.root, &user, &path, reader, &metadata).await {
                 return r;
             }
             written.push(written_entry(&path, &metadata));
@@ -480,6 +539,7 @@ pub async fn upload(
         };
         let result = if gzipped {
             write_file(
+                &agent.root,
                 &user,
                 &path,
                 GzipDecoder::new(BufReader::new(body_reader(body))),
@@ -487,7 +547,7 @@ pub async fn upload(
             )
             .await
         } else {
-            write_file(&user, &path, body_reader(body), &metadata).await
+            write_file(&agent.root, &user, &path, body_reader(body), &metadata).await
         };
         if let Err(r) = result {
             return r;
