@@ -84,6 +84,30 @@ def test_write_creates_missing_parents_as_root_and_hands_them_to_the_user(sbx, s
         sbx.files.write("/wt-root-only/x.txt", "no")
 
 
+def test_watch_sees_create_chmod_write_for_a_written_file(sbx):
+    if not IS_ROOT:
+        print("SKIP: handing a written file to its user needs the agent to run as root")
+        return
+    from e2b import FilesystemEventType as T
+
+    from conftest import wait_until
+
+    sbx.files.make_dir("watched-seq")
+    handle = sbx.files.watch_dir("watched-seq")
+    try:
+        sbx.files.write("watched-seq/new.txt", "1")
+        events = []
+
+        def collected():
+            events.extend(handle.get_new_events())
+            return sum(1 for e in events if e.name == "new.txt") >= 3
+
+        wait_until(collected, "three events for the written file")
+        assert [e.type for e in events if e.name == "new.txt"] == [T.CREATE, T.CHMOD, T.WRITE]
+    finally:
+        handle.stop()
+
+
 def test_a_nonexistent_user_gets_envds_error(sbx):
     from e2b.exceptions import AuthenticationException
 

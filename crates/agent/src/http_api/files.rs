@@ -337,7 +337,8 @@ fn ensure_parents(
 
 /// Writes `reader` to `path` as `user`, creating missing parent directories (see
 /// `ensure_parents`). The file is opened with the user's credentials, so the kernel decides what
-/// they may overwrite.
+/// they may overwrite; like envd it is then (re)owned by the user, which is the `chmod` event a
+/// watcher sees between `create` and `write`.
 async fn write_file(
     root: &std::path::Path,
     user: &User,
@@ -366,6 +367,7 @@ async fn write_file(
         }
     }
     let host = path.host.clone();
+    let owner = id.clone();
     let opened = identity::blocking_as(id.clone(), move || {
         let existing = std::fs::metadata(&host).ok();
         if existing.as_ref().is_some_and(|m| m.is_dir()) {
@@ -374,11 +376,20 @@ async fn write_file(
                 "path is a directory",
             ));
         }
-        std::fs::OpenOptions::new()
+        // Handing the file to its writer is best effort: it only fails where the user may not
+        // chown (another user's file they can write to, or an agent that is not root).
+        if existing.is_some() {
+            let _ = std::os::unix::fs::chown(&host, Some(owner.uid), Some(owner.gid));
+        }
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&host)
+            .open(&host)?;
+        if existing.is_none() {
+            let _ = std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid));
+        }
+        Ok(file)
     })
     .await;
     let file = match opened {
