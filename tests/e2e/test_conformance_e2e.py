@@ -71,3 +71,44 @@ def test_requests_during_a_kill_say_the_sandbox_was_killed(sdk_env):
     finally:
         killer.join(timeout=120)
     assert not killer.is_alive()
+
+
+def test_signed_file_urls_work_with_e2b_sandbox_url_and_with_domains(sdk_env, monkeypatch):
+    """With E2B_SANDBOX_URL the SDK's signed URLs carry no sandbox ID (no header, no host name): the
+    proxy finds the sandbox from the signature. With a domain they name it in the host."""
+    import urllib.parse
+
+    import httpx
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(template="base", timeout=600, secure=True)
+    try:
+        sandbox.files.write("/home/user/signed.txt", "signed content\n")
+        # Header mode (E2B_SANDBOX_URL): the URL is the proxy's own address.
+        url = sandbox.download_url("/home/user/signed.txt", use_signature_expiration=600)
+        assert url.startswith(sdk_env["E2B_SANDBOX_URL"]) and "signature=" in url, url
+        assert sandbox.sandbox_id not in url
+        got = httpx.get(url, timeout=60)
+        assert got.status_code == 200, got.text
+        assert got.text == "signed content\n"
+        up = sandbox.upload_url("/home/user/uploaded.txt")
+        sent = httpx.post(up, files={"file": ("uploaded.txt", b"from a bare client\n")}, timeout=60)
+        assert sent.status_code == 200, sent.text
+        assert sandbox.files.read("/home/user/uploaded.txt") == "from a bare client\n"
+        # A signature no sandbox made is refused, not routed.
+        forged = url.replace("signature=v1_", "signature=v1_x")
+        assert httpx.get(forged, timeout=60).status_code == 401
+
+        # Domain mode: the same sandbox seen by an SDK without E2B_SANDBOX_URL names itself in the host.
+        monkeypatch.delenv("E2B_SANDBOX_URL")
+        by_domain = Sandbox.connect(sandbox.sandbox_id)
+        durl = urllib.parse.urlsplit(by_domain.download_url("/home/user/signed.txt"))
+        assert durl.hostname.startswith(f"49983-{sandbox.sandbox_id}."), durl
+        # Sent to the proxy on loopback with that host name (nothing leaves the machine).
+        got = httpx.get(
+            f"{sdk_env['E2B_SANDBOX_URL']}{durl.path}?{durl.query}", headers={"Host": durl.netloc}, timeout=60
+        )
+        assert got.status_code == 200, got.text
+        assert got.text == "signed content\n"
+    finally:
+        sandbox.kill()

@@ -141,12 +141,7 @@ pub fn basic_auth_username(headers: &HeaderMap) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use warren_proto::envd::signature::constant_time_eq;
 
 #[cfg(test)]
 mod tests {

@@ -12,9 +12,7 @@ use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
 use futures_util::TryStreamExt;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::{ReaderStream, StreamReader};
 
@@ -24,6 +22,7 @@ use crate::identity::{self, Identity};
 use crate::paths::ResolvedPath;
 use crate::state::{constant_time_eq, Agent};
 use crate::users::User;
+use warren_proto::envd::signature::file_signature;
 
 const METADATA_HEADER_PREFIX: &str = "x-metadata-";
 const MAX_METADATA_BYTES: usize = 4096;
@@ -34,19 +33,6 @@ pub struct FileParams {
     username: Option<String>,
     signature: Option<String>,
     signature_expiration: Option<i64>,
-}
-
-/// The v1 signature the SDK computes for pre-signed file URLs.
-fn signature(path: &str, operation: &str, username: &str, token: &str, exp: Option<i64>) -> String {
-    let raw = match exp {
-        None => format!("{path}:{operation}:{username}:{token}"),
-        Some(exp) => format!("{path}:{operation}:{username}:{token}:{exp}"),
-    };
-    let digest = Sha256::digest(raw.as_bytes());
-    format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
-    )
 }
 
 /// With an access token set, a file request needs the token header or a valid signature.
@@ -74,7 +60,7 @@ fn authorize(
             "missing access token or signature",
         ));
     };
-    let expected = signature(
+    let expected = file_signature(
         params.path.as_deref().unwrap_or(""),
         operation,
         params.username.as_deref().unwrap_or(""),
@@ -575,15 +561,6 @@ pub async fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signatures_match_the_sdk_formula() {
-        // Computed with the SDK's formula: base64(sha256(b"/a:read:user:tok")), unpadded.
-        let sig = signature("/a", "read", "user", "tok", None);
-        assert_eq!(sig, "v1_Fh5abAPjRBN6FHQ5HTJwGAHjHfzJmhV0f2EtHLgLVa0");
-        assert_ne!(sig, signature("/a", "write", "user", "tok", None));
-        assert_ne!(sig, signature("/a", "read", "user", "tok", Some(1)));
-    }
 
     #[test]
     fn compression_only_where_it_pays() {
