@@ -136,3 +136,30 @@ def test_filesystem_only_pause_is_refused_naming_the_option(sdk_env):
             template="base", timeout=600, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
         )
     assert "autoPauseMemory=false" in str(exc_info.value)
+
+
+def test_base_has_python_and_user_with_sudo_and_is_a_template_to_build_on(sdk_env):
+    from e2b import Sandbox, Template
+
+    sandbox = Sandbox.create(template="base", timeout=600)
+    try:
+        # `python script.py` works, as on E2B's base.
+        assert sandbox.commands.run("python -c 'print(6 * 7)'").stdout == "42\n"
+        who = sandbox.commands.run("id -un; echo $HOME; pwd").stdout.split()
+        assert who == ["user", "/home/user", "/home/user"], who
+        # E2B's `user` has passwordless sudo; the rule is in the rootfs, but the runtime sets
+        # no_new_privs, so sudo refuses to run (docs/compatibility.md). Run as root with user="root".
+        assert sandbox.commands.run("id -u", user="root").stdout == "0\n"
+    finally:
+        sandbox.kill()
+    # `base` is a real template others build on.
+    built = Template.build(
+        Template().from_template("base").run_cmd("echo built-on-base > /home/user/from-base.txt"),
+        alias="wt-e2e-from-base",
+    )
+    child = Sandbox.create(template=built.template_id, timeout=120)
+    try:
+        assert child.commands.run("cat /home/user/from-base.txt").stdout == "built-on-base\n"
+        assert child.commands.run("id -un").stdout == "user\n"
+    finally:
+        child.kill()
