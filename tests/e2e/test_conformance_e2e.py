@@ -138,7 +138,7 @@ def test_filesystem_only_pause_is_refused_naming_the_option(sdk_env):
     assert "autoPauseMemory=false" in str(exc_info.value)
 
 
-def test_base_has_python_and_user_with_sudo_and_is_a_template_to_build_on(sdk_env):
+def test_base_has_python_and_user_and_is_a_template_to_build_on(sdk_env):
     from e2b import Sandbox, Template
 
     sandbox = Sandbox.create(template="base", timeout=600)
