@@ -13,8 +13,13 @@ mirror=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # setup. Every command the SDK runs is `bash -l -c ...`, whose /etc/profile forks id(1) just to learn the
 # user ID; bash already knows it as $EUID, so only other shells still fork (saves one process start,
 # ~2 ms here, per command).
+# E2B's base template has `python` on PATH (code runs `python script.py`); fresh builds get it from
+# python-is-python3, and an older cached rootfs gets the same link here.
 tune() {
     sed -i 's/"\$(id -u)"/"${EUID:-$(id -u)}"/g' "$1/etc/profile"
+    if [ ! -e "$1/usr/bin/python" ] && [ ! -L "$1/usr/bin/python" ]; then
+        ln -s python3 "$1/usr/bin/python"
+    fi
 }
 
 if [ -f "$dest/$stamp" ]; then
@@ -31,7 +36,7 @@ mkdir -p "$cache/rootfs"
 tmp=$(mktemp -d "$cache/rootfs/.debian12-base.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-packages=python3,bash,coreutils,procps,iproute2,curl,git,ca-certificates,sudo
+packages=python3,python-is-python3,bash,coreutils,procps,iproute2,curl,git,ca-certificates,sudo
 # --variant=minbase: essential + apt only; the packages above on top. --mode=root: we run as root, no
 # user namespace needed. The customize hooks create the sandbox user and its sudo rule inside the chroot.
 mmdebstrap --variant=minbase --mode=root --include="$packages" \

@@ -128,8 +128,10 @@ def test_symlinks_are_reported(sbx, shared_agent):
     if not link.exists():
         link.symlink_to("target.txt")
     info = sbx.files.get_info("link.txt")
-    assert info.type == FileType.SYMLINK
-    assert info.symlink_target == "target.txt"
+    # As envd: the target's type, and the target's absolute path with every link resolved.
+    assert info.type == FileType.FILE
+    assert info.symlink_target == "/home/user/target.txt"
+    assert info.permissions.startswith("L")
 
 
 def test_metadata_round_trip(sbx):

@@ -109,12 +109,14 @@ impl Agent {
             None => self.default_user(),
         };
         found.map_err(|e| {
+            // envd's exact wording, which SDK users match on; the cause goes to the log.
             let what = if requested.is_some() {
                 "invalid username"
             } else {
                 "invalid default user"
             };
-            ConnectError::new(Code::Unauthenticated, format!("{what} '{name}': {e}"))
+            tracing::info!(user = %name, error = %e, "{what}");
+            ConnectError::new(Code::Unauthenticated, format!("{what}: '{name}'"))
         })
     }
 
@@ -139,12 +141,7 @@ pub fn basic_auth_username(headers: &HeaderMap) -> Option<String> {
     (!name.is_empty()).then_some(name)
 }
 
-pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
+pub use warren_proto::envd::signature::constant_time_eq;
 
 #[cfg(test)]
 mod tests {

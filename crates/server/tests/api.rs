@@ -711,3 +711,48 @@ async fn the_running_scheduler_kills_an_expired_sandbox() {
     assert_eq!(events.last().unwrap().reason.as_deref(), Some("timeout"));
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn timeout_zero_ends_the_sandbox_now() {
+    let h = Harness::start(false, |_| {}).await;
+    let killed = h
+        .create(json!({"templateID": "base", "timeout": 3600}))
+        .await;
+    let killed = killed["sandboxID"].as_str().unwrap().to_string();
+    let paused = h
+        .create(json!({"templateID": "base", "timeout": 3600, "autoPause": true}))
+        .await;
+    let paused = paused["sandboxID"].as_str().unwrap().to_string();
+    for id in [&killed, &paused] {
+        let answer = h
+            .api(
+                Method::POST,
+                &format!("/sandboxes/{id}/timeout"),
+                Some(json!({"timeout": 0})),
+            )
+            .await;
+        assert_eq!(answer.status, StatusCode::NO_CONTENT);
+    }
+    // Ended by the call itself, the way expiry would: no scheduler tick in between.
+    assert_eq!(
+        h.api(Method::GET, &format!("/sandboxes/{killed}"), None)
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+    let info = h
+        .api(Method::GET, &format!("/sandboxes/{paused}"), None)
+        .await
+        .json();
+    assert_eq!(info["state"], "paused");
+    // Negative timeouts stay refused.
+    let answer = h
+        .api(
+            Method::POST,
+            &format!("/sandboxes/{paused}/timeout"),
+            Some(json!({"timeout": -1})),
+        )
+        .await;
+    assert_error(&answer, StatusCode::BAD_REQUEST, "timeout");
+    h.server.stop().await.unwrap();
+}

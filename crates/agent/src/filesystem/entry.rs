@@ -34,26 +34,27 @@ pub fn io_to_connect(e: &std::io::Error, what: &str) -> ConnectError {
 }
 
 /// The entry at `host` (not following a final symlink), reported at sandbox path `sandbox`.
+///
+/// A symlink is described the way envd does: `type` and `mode` are those of what it finally points
+/// to, `symlink_target` is that file's absolute sandbox path (every link on the way resolved), and
+/// the link's own size, owner, times and `L...` permission string. A link that cannot be resolved
+/// inside the sandbox (dangling, a loop, outside the root) has no target and an unspecified type.
+/// `is_symlink` stays unset: envd has no such field, and the SDK would report the link's type as
+/// `symlink` where E2B reports the target's.
 pub fn entry_info(root: &Path, sandbox: &str, host: &Path) -> std::io::Result<EntryInfo> {
     let meta = std::fs::symlink_metadata(host)?;
     let is_symlink = meta.file_type().is_symlink();
-    let (kind_meta, symlink_target) = if is_symlink {
-        let target = std::fs::read_link(host)
-            .ok()
-            .map(|t| t.to_string_lossy().into_owned());
-        (std::fs::metadata(host).ok(), target)
-    } else {
-        (Some(meta.clone()), None)
-    };
-    let file_type = match kind_meta.as_ref().map(|m| m.file_type()) {
-        Some(t) if t.is_dir() => FileType::Directory,
-        Some(t) if t.is_file() => FileType::File,
-        Some(t) if t.is_symlink() => FileType::Symlink,
-        Some(t) if t.is_fifo() || t.is_socket() || t.is_char_device() || t.is_block_device() => {
-            FileType::File
+    let (file_type, mode, symlink_target) = if is_symlink {
+        match resolve_link(root, host) {
+            Some((target, target_meta)) => (
+                kind_of(&target_meta),
+                target_meta.mode() & 0o7777,
+                Some(target),
+            ),
+            None => (FileType::Unspecified, meta.mode() & 0o7777, None),
         }
-        _ if is_symlink => FileType::Symlink,
-        _ => FileType::Unspecified,
+    } else {
+        (kind_of(&meta), meta.mode() & 0o7777, None)
     };
     let name = Path::new(sandbox)
         .file_name()
@@ -64,7 +65,7 @@ pub fn entry_info(root: &Path, sandbox: &str, host: &Path) -> std::io::Result<En
         r#type: file_type as i32,
         path: sandbox.to_string(),
         size: meta.size() as i64,
-        mode: meta.mode() & 0o7777,
+        mode,
         permissions: permissions_string(meta.mode()),
         owner: users::user_name(root, meta.uid()),
         group: users::group_name(root, meta.gid()),
@@ -78,8 +79,34 @@ pub fn entry_info(root: &Path, sandbox: &str, host: &Path) -> std::io::Result<En
         } else {
             read_metadata(host)
         },
-        is_symlink,
+        is_symlink: false,
     })
+}
+
+fn kind_of(meta: &std::fs::Metadata) -> FileType {
+    let t = meta.file_type();
+    if t.is_dir() {
+        FileType::Directory
+    } else if t.is_file()
+        || t.is_fifo()
+        || t.is_socket()
+        || t.is_char_device()
+        || t.is_block_device()
+    {
+        FileType::File
+    } else {
+        FileType::Unspecified
+    }
+}
+
+/// The sandbox path a symlink finally points to, and that file's metadata; `None` when it does not
+/// resolve to something under `root`.
+fn resolve_link(root: &Path, host: &Path) -> Option<(String, std::fs::Metadata)> {
+    let real = std::fs::canonicalize(host).ok()?;
+    let real_root = std::fs::canonicalize(root).ok()?;
+    let inside = real.strip_prefix(&real_root).ok()?;
+    let target_meta = std::fs::metadata(&real).ok()?;
+    Some((format!("/{}", inside.to_string_lossy()), target_meta))
 }
 
 /// `ls -l` style permission string, e.g. `drwxr-xr-x`.
@@ -205,10 +232,23 @@ mod tests {
             (f.name.as_str(), f.size, f.r#type),
             ("f", 5, FileType::File as i32)
         );
+        std::fs::create_dir(root.join("d")).unwrap();
+        std::os::unix::fs::symlink("../link", root.join("d/hop")).unwrap();
+        std::os::unix::fs::symlink("nowhere", root.join("dangling")).unwrap();
         let link = entry_info(root, "/link", &root.join("link")).unwrap();
-        assert!(link.is_symlink);
-        assert_eq!(link.symlink_target.as_deref(), Some("f"));
+        assert!(
+            !link.is_symlink,
+            "envd has no is_symlink; the SDK would say 'symlink'"
+        );
+        assert_eq!(link.symlink_target.as_deref(), Some("/f"));
         assert_eq!(link.r#type, FileType::File as i32);
+        assert!(link.permissions.starts_with('L'));
+        // Every link on the way is resolved, to an absolute sandbox path.
+        let hop = entry_info(root, "/d/hop", &root.join("d/hop")).unwrap();
+        assert_eq!(hop.symlink_target.as_deref(), Some("/f"));
+        let dangling = entry_info(root, "/dangling", &root.join("dangling")).unwrap();
+        assert_eq!(dangling.symlink_target, None);
+        assert_eq!(dangling.r#type, FileType::Unspecified as i32);
         let d = entry_info(root, "/", root).unwrap();
         assert_eq!(d.r#type, FileType::Directory as i32);
         let missing = entry_info(root, "/nope", &root.join("nope")).unwrap_err();

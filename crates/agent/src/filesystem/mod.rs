@@ -214,8 +214,12 @@ fn walk(
         let Ok(info) = entry_info(root, &sandbox, &host) else {
             continue; // vanished meanwhile
         };
+        // A symlink to a directory is listed with the directory's type but not walked into.
+        let is_link = std::fs::symlink_metadata(&host)
+            .map(|m| m.file_type().is_symlink())
+            .unwrap_or(true);
         let recurse = depth > 1
-            && !info.is_symlink
+            && !is_link
             && info.r#type == warren_proto::envd::filesystem::FileType::Directory as i32;
         out.push(info);
         if recurse {

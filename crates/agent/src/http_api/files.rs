@@ -12,9 +12,7 @@ use axum::body::Body;
 use axum::extract::{Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use base64::Engine;
 use futures_util::TryStreamExt;
-use sha2::{Digest, Sha256};
 use tokio::io::{AsyncRead, AsyncWriteExt, BufReader};
 use tokio_util::io::{ReaderStream, StreamReader};
 
@@ -24,6 +22,7 @@ use crate::identity::{self, Identity};
 use crate::paths::ResolvedPath;
 use crate::state::{constant_time_eq, Agent};
 use crate::users::User;
+use warren_proto::envd::signature::file_signature;
 
 const METADATA_HEADER_PREFIX: &str = "x-metadata-";
 const MAX_METADATA_BYTES: usize = 4096;
@@ -34,19 +33,6 @@ pub struct FileParams {
     username: Option<String>,
     signature: Option<String>,
     signature_expiration: Option<i64>,
-}
-
-/// The v1 signature the SDK computes for pre-signed file URLs.
-fn signature(path: &str, operation: &str, username: &str, token: &str, exp: Option<i64>) -> String {
-    let raw = match exp {
-        None => format!("{path}:{operation}:{username}:{token}"),
-        Some(exp) => format!("{path}:{operation}:{username}:{token}:{exp}"),
-    };
-    let digest = Sha256::digest(raw.as_bytes());
-    format!(
-        "v1_{}",
-        base64::engine::general_purpose::STANDARD_NO_PAD.encode(digest)
-    )
 }
 
 /// With an access token set, a file request needs the token header or a valid signature.
@@ -74,7 +60,7 @@ fn authorize(
             "missing access token or signature",
         ));
     };
-    let expected = signature(
+    let expected = file_signature(
         params.path.as_deref().unwrap_or(""),
         operation,
         params.username.as_deref().unwrap_or(""),
@@ -293,8 +279,54 @@ fn metadata_from_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, R
     Ok(out)
 }
 
-/// Writes `reader` to `path` as `user`, creating parent directories.
+/// Creates the directories missing above `host` (below `root`) the way envd does: as root, mode
+/// 0755, each handed to the writing user. A user can thus write `/0/a/b.txt` although `/` is not
+/// theirs; directories that already exist are left as they are.
+fn ensure_parents(
+    root: &std::path::Path,
+    host: &std::path::Path,
+    id: &Identity,
+) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let Some(parent) = host.parent() else {
+        return Ok(());
+    };
+    let Ok(below_root) = parent.strip_prefix(root) else {
+        return Ok(());
+    };
+    let mut dir = root.to_path_buf();
+    for part in below_root.components() {
+        dir.push(part);
+        match std::fs::metadata(&dir) {
+            Ok(meta) if meta.is_dir() => continue,
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    format!("path is a file: {}", dir.display()),
+                ))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
+            Ok(()) => {}
+            // Made by a concurrent write meanwhile.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(e) => return Err(e),
+        }
+        if identity::can_switch() {
+            std::os::unix::fs::chown(&dir, Some(id.uid), Some(id.gid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Writes `reader` to `path` as `user`, creating missing parent directories (see
+/// `ensure_parents`). The file is opened with the user's credentials, so the kernel decides what
+/// they may overwrite; like envd it is then (re)owned by the user, which is the `chmod` event a
+/// watcher sees between `create` and `write`.
 async fn write_file(
+    root: &std::path::Path,
     user: &User,
     path: &ResolvedPath,
     reader: impl AsyncRead + Unpin,
@@ -302,24 +334,48 @@ async fn write_file(
 ) -> Result<(), Response> {
     let id = Identity::from(user);
     let host = path.host.clone();
-    let opened = identity::blocking_as(id.clone(), move || {
-        if let Some(parent) = host.parent() {
-            std::fs::create_dir_all(parent)?;
+    let root = root.to_path_buf();
+    let owner = id.clone();
+    let parents = tokio::task::spawn_blocking(move || ensure_parents(&root, &host, &owner)).await;
+    match parents {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            return Err(io_response(
+                &e,
+                &format!("error creating the parents of '{}'", path.sandbox),
+            ))
         }
-        if std::fs::metadata(&host)
-            .map(|m| m.is_dir())
-            .unwrap_or(false)
-        {
+        Err(e) => {
+            return Err(json_error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &e.to_string(),
+            ))
+        }
+    }
+    let host = path.host.clone();
+    let owner = id.clone();
+    let opened = identity::blocking_as(id.clone(), move || {
+        let existing = std::fs::metadata(&host).ok();
+        if existing.as_ref().is_some_and(|m| m.is_dir()) {
             return Err(std::io::Error::new(
                 std::io::ErrorKind::IsADirectory,
                 "path is a directory",
             ));
         }
-        std::fs::OpenOptions::new()
+        // Handing the file to its writer is best effort: it only fails where the user may not
+        // chown (another user's file they can write to, or an agent that is not root).
+        if existing.is_some() {
+            let _ = std::os::unix::fs::chown(&host, Some(owner.uid), Some(owner.gid));
+        }
+        let file = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
             .truncate(true)
-            .open(&host)
+            .open(&host)?;
+        if existing.is_none() {
+            let _ = std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid));
+        }
+        Ok(file)
     })
     .await;
     let file = match opened {
@@ -462,7 +518,7 @@ pub async fn upload(
             }
             seen.push(path.sandbox.clone());
             let reader = StreamReader::new(field.map_err(std::io::Error::other));
-            if let Err(r) = write_file(&user, &path, reader, &metadata).await {
+            if let Err(r) = write_file(&agent.root, &user, &path, reader, &metadata).await {
                 return r;
             }
             written.push(written_entry(&path, &metadata));
@@ -480,6 +536,7 @@ pub async fn upload(
         };
         let result = if gzipped {
             write_file(
+                &agent.root,
                 &user,
                 &path,
                 GzipDecoder::new(BufReader::new(body_reader(body))),
@@ -487,7 +544,7 @@ pub async fn upload(
             )
             .await
         } else {
-            write_file(&user, &path, body_reader(body), &metadata).await
+            write_file(&agent.root, &user, &path, body_reader(body), &metadata).await
         };
         if let Err(r) = result {
             return r;
@@ -504,15 +561,6 @@ pub async fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn signatures_match_the_sdk_formula() {
-        // Computed with the SDK's formula: base64(sha256(b"/a:read:user:tok")), unpadded.
-        let sig = signature("/a", "read", "user", "tok", None);
-        assert_eq!(sig, "v1_Fh5abAPjRBN6FHQ5HTJwGAHjHfzJmhV0f2EtHLgLVa0");
-        assert_ne!(sig, signature("/a", "write", "user", "tok", None));
-        assert_ne!(sig, signature("/a", "read", "user", "tok", Some(1)));
-    }
 
     #[test]
     fn compression_only_where_it_pays() {

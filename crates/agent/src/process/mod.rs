@@ -31,6 +31,8 @@ use table::{ProcessHandle, EVENT_BUFFER};
 
 const STD_CHUNK: usize = 32 << 10;
 const PTY_CHUNK: usize = 16 << 10;
+/// How long SendSignal(SIGKILL) waits for the process to be reaped before it answers anyway.
+const KILL_WAIT: Duration = Duration::from_secs(10);
 const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 pub async fn list(
@@ -107,6 +109,7 @@ pub async fn start(
     let pid = spawned.pid;
     let (events, first_subscriber) = broadcast::channel(EVENT_BUFFER);
     let (ended_tx, ended) = watch::channel(None);
+    let (reaped_tx, reaped) = watch::channel(false);
     let (stdin, pty_master, readers) = match spawned.io {
         SpawnedIo::Pipes {
             stdout,
@@ -136,17 +139,23 @@ pub async fn start(
         tag: req.tag.clone(),
         events: events.clone(),
         ended,
+        reaped,
         stdin: tokio::sync::Mutex::new(stdin),
         pty: pty_master,
     });
     agent.processes.insert(handle.clone());
-    if let Some(timeout) = ctx.timeout {
+    // One deadline for the process and its stream, so the stream always reports the timeout itself
+    // rather than the end (killed, -1) that the timeout caused.
+    let deadline = ctx
+        .timeout
+        .map(|timeout| tokio::time::Instant::now() + timeout);
+    if let Some(deadline) = deadline {
         // Like envd, the command's timeout bounds the process, not just this stream.
         let doomed = handle.clone();
         let mut ended = handle.ended.clone();
         tokio::spawn(async move {
             tokio::select! {
-                _ = tokio::time::sleep(timeout) => {
+                _ = tokio::time::sleep_until(deadline) => {
                     let _ = doomed.signal(nix::sys::signal::Signal::SIGKILL);
                 }
                 _ = ended.wait_for(|e| e.is_some()) => {}
@@ -159,6 +168,7 @@ pub async fn start(
     let supervisor_handle = handle.clone();
     tokio::spawn(async move {
         let status = spawned.exit.await;
+        let _ = reaped_tx.send(true);
         // Output still buffered in the pipes is delivered; a pipe held open by a leftover
         // grandchild is not waited for longer than a moment after the process itself ended.
         for reader in readers {
@@ -172,7 +182,7 @@ pub async fn start(
         drop(supervisor_handle);
     });
 
-    let stream = event_stream(&ctx, handle, first_subscriber, ctx.timeout, |event| {
+    let stream = event_stream(&ctx, handle, first_subscriber, deadline, |event| {
         StartResponse {
             event: Some(ProcessEvent { event: Some(event) }),
         }
@@ -199,7 +209,7 @@ fn event_stream<M: Send + 'static>(
     ctx: &CallContext,
     handle: Arc<ProcessHandle>,
     mut rx: broadcast::Receiver<Event>,
-    deadline: Option<Duration>,
+    deadline: Option<tokio::time::Instant>,
     wrap: fn(Event) -> M,
 ) -> MessageStream<M> {
     let (tx, out) = mpsc::channel::<Result<M, ConnectError>>(64);
@@ -209,6 +219,14 @@ fn event_stream<M: Send + 'static>(
         if tx.send(Ok(wrap(start))).await.is_err() {
             return;
         }
+        let timeout_error = || {
+            ConnectError::new(
+                Code::DeadlineExceeded,
+                "the command's timeout expired and it was killed",
+            )
+        };
+        // An end at or after the deadline is the timeout's doing.
+        let expired = move || deadline.is_some_and(|at| tokio::time::Instant::now() >= at);
         let already_ended = handle.ended.borrow().clone();
         if let Some(end) = already_ended {
             // Output this subscriber was sent before the end still goes out first.
@@ -220,23 +238,34 @@ fn event_stream<M: Send + 'static>(
                     return;
                 }
             }
-            let _ = tx.send(Ok(wrap(Event::End(end)))).await;
+            let last = if expired() {
+                Err(timeout_error())
+            } else {
+                Ok(wrap(Event::End(end)))
+            };
+            let _ = tx.send(last).await;
             return;
         }
-        let deadline_at = deadline.map(|d| tokio::time::Instant::now() + d);
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + keepalive, keepalive);
         loop {
             let timed_out = async {
-                match deadline_at {
+                match deadline {
                     Some(at) => tokio::time::sleep_until(at).await,
                     None => std::future::pending().await,
                 }
             };
             tokio::select! {
+                biased;
+                _ = timed_out => {
+                    let _ = handle.signal(nix::sys::signal::Signal::SIGKILL);
+                    let _ = tx.send(Err(timeout_error())).await;
+                    return;
+                }
                 event = rx.recv() => match event {
                     Ok(Event::End(end)) => {
-                        let _ = tx.send(Ok(wrap(Event::End(end)))).await;
+                        let last = if expired() { Err(timeout_error()) } else { Ok(wrap(Event::End(end))) };
+                        let _ = tx.send(last).await;
                         return;
                     }
                     Ok(other) => {
@@ -255,16 +284,6 @@ fn event_stream<M: Send + 'static>(
                     if tx.send(Ok(wrap(ka))).await.is_err() {
                         return;
                     }
-                }
-                _ = timed_out => {
-                    let _ = handle.signal(nix::sys::signal::Signal::SIGKILL);
-                    let _ = tx
-                        .send(Err(ConnectError::new(
-                            Code::DeadlineExceeded,
-                            "the command's timeout expired and it was killed",
-                        )))
-                        .await;
-                    return;
                 }
                 _ = tx.closed() => return,
             }
@@ -442,6 +461,17 @@ pub async fn send_signal(
         }
     };
     handle.signal(signal)?;
+    if signal == nix::sys::signal::Signal::SIGKILL {
+        // `commands.kill(pid)` returns once the process is gone, so a `kill -0 pid` right after it fails.
+        // SIGKILL cannot be caught; only a process stuck in the kernel outlasts the bound, and then the
+        // signal is still pending on it.
+        if !handle.wait_reaped(KILL_WAIT).await {
+            tracing::warn!(
+                pid = handle.pid,
+                "process not reaped {KILL_WAIT:?} after SIGKILL"
+            );
+        }
+    }
     Ok(SendSignalResponse {})
 }
 

@@ -23,6 +23,8 @@ pub struct ProcessHandle {
     pub events: broadcast::Sender<process_event::Event>,
     /// Set once the process has ended (for streams that attach late).
     pub ended: watch::Receiver<Option<process_event::EndEvent>>,
+    /// Turns true the moment the process has been reaped (before its output is drained).
+    pub reaped: watch::Receiver<bool>,
     pub stdin: tokio::sync::Mutex<Option<pipe::Sender>>,
     pub pty: Option<Arc<AsyncFd<OwnedFd>>>,
 }
@@ -44,6 +46,13 @@ impl ProcessHandle {
         }
         nix::sys::signal::kill(pid, signal)
             .map_err(|e| ConnectError::new(Code::Internal, format!("error sending signal: {e}")))
+    }
+
+    /// Waits until the process has been reaped, at most `bound`; true when it has.
+    pub async fn wait_reaped(&self, bound: std::time::Duration) -> bool {
+        let mut reaped = self.reaped.clone();
+        let waited = tokio::time::timeout(bound, reaped.wait_for(|done| *done)).await;
+        matches!(waited, Ok(Ok(_)))
     }
 
     /// Writes to the PTY master, waiting while the terminal's input buffer is full.

@@ -10,6 +10,8 @@ pub const ENVD_VERSION: &str = "0.6.4";
 /// The TCP port envd listens on inside a sandbox.
 pub const ENVD_PORT: u16 = 49983;
 
+pub mod signature;
+
 #[allow(clippy::all, missing_docs)]
 pub mod process {
     include!(concat!(env!("OUT_DIR"), "/process.rs"));

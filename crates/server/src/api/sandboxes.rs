@@ -123,7 +123,8 @@ fn create_request(
     }
     if body.auto_pause_memory == Some(false) {
         return Err(ApiError::bad_request(
-            "autoPauseMemory=false (filesystem-only pause) is not supported by this server",
+            "autoPauseMemory=false is not supported by this server: its auto-pause always keeps memory \
+             (SDK: on_timeout mode \"filesystem\" / keep_memory=False); leave autoPauseMemory unset or true",
         ));
     }
     let mut unsupported: Vec<&str> = body
@@ -369,7 +370,8 @@ async fn pause(
     key.sandbox(&state, &id).await?;
     if body.memory == Some(false) {
         return Err(ApiError::bad_request(
-            "memory=false (filesystem-only pause) is not supported by this server",
+            "memory=false is not supported by this server: a pause always keeps memory \
+             (SDK: pause(mode=\"filesystem\") / keep_memory=False); leave memory unset or true",
         ));
     }
     state.lifecycle.pause(&id, "paused through the API").await?;
@@ -379,7 +381,8 @@ async fn pause(
 fn check_memory(body: &api::ConnectSandbox) -> Result<(), ApiError> {
     if body.memory == Some(false) {
         return Err(ApiError::bad_request(
-            "memory=false (cold boot from disk) is not supported by this server",
+            "memory=false is not supported by this server: a resume always restores memory \
+             (no cold boot from disk); leave memory unset or true",
         ));
     }
     Ok(())

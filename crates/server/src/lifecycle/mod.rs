@@ -5,6 +5,7 @@ pub mod admission;
 pub mod agent_init;
 mod operations;
 pub mod reconcile;
+mod routes;
 pub mod scheduler;
 mod snapshots;
 pub mod state;

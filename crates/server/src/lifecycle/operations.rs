@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 
 use rand::distributions::{Alphanumeric, DistString};
 use rand::Rng;
@@ -14,6 +14,7 @@ use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, Sandbox, Sa
 use super::admission::{self, AdmissionError, Request, Usage};
 use super::agent_init::{init_agent, AgentInitError};
 use super::now_millis;
+use super::routes::{Route, RouteTable};
 use super::state::{InvalidTransition, SandboxState};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -153,12 +154,6 @@ fn template_start(
     }
 }
 
-/// Where the proxy sends traffic for a running sandbox.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Route {
-    ip: Ipv4Addr,
-}
-
 pub struct Lifecycle {
     store: Arc<dyn Store>,
     runtime: Arc<dyn Runtime>,
@@ -169,8 +164,8 @@ pub struct Lifecycle {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Serialises admission checks with the insert that follows them.
     admission: tokio::sync::Mutex<()>,
-    /// Running sandboxes' addresses, for the proxy's fast path.
-    routes: RwLock<HashMap<String, Route>>,
+    /// Running sandboxes' addresses (and the ones being killed), for the proxy's fast path.
+    routes: RouteTable,
 }
 
 fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
@@ -211,7 +206,7 @@ impl Lifecycle {
             metrics,
             locks: Mutex::new(HashMap::new()),
             admission: tokio::sync::Mutex::new(()),
-            routes: RwLock::new(HashMap::new()),
+            routes: RouteTable::default(),
         }
     }
 
@@ -259,25 +254,6 @@ impl Lifecycle {
         locks.remove(id);
     }
 
-    fn set_route(&self, id: &str, route: Option<Route>) {
-        let mut routes = self
-            .routes
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match route {
-            Some(route) => routes.insert(id.to_string(), route),
-            None => routes.remove(id),
-        };
-    }
-
-    fn route(&self, id: &str) -> Option<Route> {
-        let routes = self
-            .routes
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        routes.get(id).copied()
-    }
-
     /// Check the table, store the transition and its event, and keep the caches in step.
     pub(crate) async fn transition(
         &self,
@@ -311,8 +287,8 @@ impl Lifecycle {
             record.end_at = end_at;
         }
         match (to, record.ip) {
-            (SandboxState::Running, Some(ip)) => self.set_route(&record.id, Some(Route { ip })),
-            _ => self.set_route(&record.id, None),
+            (SandboxState::Running, Some(ip)) => self.routes.set(&record.id, Some(Route::Live(ip))),
+            _ => self.routes.set(&record.id, None),
         }
         if to.is_terminal() {
             self.forget_lock(&record.id);
@@ -729,6 +705,9 @@ impl Lifecycle {
                 record.id, record.state
             )));
         }
+        // From here on the sandbox is gone for traffic: the proxy answers "not found" at once instead of
+        // connecting to a sandbox that is being torn down.
+        self.routes.set(&record.id, Some(Route::Ending));
         let checkpointed = record.pause_kind == Some(PauseKind::Checkpoint);
         if !checkpointed {
             let id = record.id.clone();
@@ -761,12 +740,26 @@ impl Lifecycle {
         .await
     }
 
-    /// Move the end time to `now + timeout`.
+    /// Move the end time to `now + timeout`. A timeout of 0 ends the sandbox now, the way its time
+    /// running out would (pause with autoPause, else kill), as E2B does.
     pub async fn set_timeout(
         &self,
         id: &str,
         timeout: i64,
     ) -> Result<SandboxRecord, LifecycleError> {
+        if timeout == 0 {
+            let (_held, mut record) = self.lock_live(id).await?;
+            if record.state != SandboxState::Running {
+                let now = now_millis();
+                record.end_at = now;
+                self.store.set_sandbox_end(id, now, now).await?;
+            } else if record.auto_pause {
+                self.pause_locked(&mut record, "timeout set to 0").await?;
+            } else {
+                self.kill_locked(&mut record, "timeout set to 0").await?;
+            }
+            return Ok(record);
+        }
         let timeout = self.timeout_millis(Some(timeout))?;
         let (_held, mut record) = self.lock_live(id).await?;
         let now = now_millis();
@@ -1071,8 +1064,10 @@ impl Lifecycle {
 
     /// Where the proxy should send traffic for sandbox `id`: resumes a paused sandbox that allows it.
     pub async fn route_for_traffic(&self, id: &str) -> Result<Ipv4Addr, RouteError> {
-        if let Some(route) = self.route(id) {
-            return Ok(route.ip);
+        match self.routes.get(id) {
+            Some(Route::Live(ip)) => return Ok(ip),
+            Some(Route::Ending) => return Err(RouteError::NotFound(id.to_string())),
+            None => {}
         }
         let record = match self.store.get_sandbox(id).await? {
             Some(record) if !record.state.is_terminal() => record,
@@ -1105,7 +1100,7 @@ impl Lifecycle {
     /// Fill the proxy's route cache from the store (after reconciliation).
     pub(crate) fn remember_route(&self, record: &SandboxRecord) {
         if let (SandboxState::Running, Some(ip)) = (record.state, record.ip) {
-            self.set_route(&record.id, Some(Route { ip }));
+            self.routes.set(&record.id, Some(Route::Live(ip)));
         }
     }
 }

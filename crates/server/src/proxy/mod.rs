@@ -3,6 +3,7 @@
 //! on hyper directly to keep the path short. Headers (envd's access token included) pass through untouched
 //! apart from hop-by-hop ones; the agent does its own token checks.
 
+mod signed_url;
 pub mod target;
 
 use std::convert::Infallible;
@@ -24,7 +25,7 @@ use tokio::sync::watch;
 
 use crate::lifecycle::{Lifecycle, RouteError};
 use crate::metrics::Metrics;
-use target::{target_of, Target};
+use target::{target_of, Target, TargetError};
 
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
 
@@ -135,6 +136,11 @@ impl Proxy {
         let (parts, body) = request.into_parts();
         let target = match target_of(&parts) {
             Ok(target) => target,
+            // A URL that names no sandbox may still be a pre-signed file URL.
+            Err(TargetError::Missing) => match self.signed_file_target(&parts).await {
+                Ok(target) => target,
+                Err(response) => return response,
+            },
             Err(error) => {
                 self.metrics.proxy_request("bad_request");
                 return error_response(StatusCode::BAD_REQUEST, error.to_string());
@@ -162,6 +168,38 @@ impl Proxy {
                 "forwarded"
             });
         response
+    }
+
+    /// The sandbox of a signed `/files` URL that names none (see `signed_url`).
+    async fn signed_file_target(
+        &self,
+        parts: &hyper::http::request::Parts,
+    ) -> Result<Target, Response<ProxyBody>> {
+        let Some(request) = signed_url::signed_file_request(parts) else {
+            self.metrics.proxy_request("bad_request");
+            return Err(error_response(
+                StatusCode::BAD_REQUEST,
+                TargetError::Missing.to_string(),
+            ));
+        };
+        match signed_url::sandbox_of(self.lifecycle.store().as_ref(), &request).await {
+            Ok(Some(target)) => Ok(target),
+            Ok(None) => {
+                self.metrics.proxy_request("unavailable");
+                Err(error_response(
+                    StatusCode::UNAUTHORIZED,
+                    "the signature matches no live sandbox (invalid, or its sandbox is gone)"
+                        .to_string(),
+                ))
+            }
+            Err(error) => {
+                tracing::error!(%error, "proxy lookup of a signed URL failed");
+                Err(error_response(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal proxy error".to_string(),
+                ))
+            }
+        }
     }
 
     async fn forward(

@@ -79,6 +79,11 @@ pub trait CommandRunner: Send + Sync {
     ) -> Result<Box<dyn BackgroundProcess>, CommandError>;
 }
 
+/// The keepalive interval asked of the agent (`Keepalive-Ping-Interval`), in seconds.
+const KEEPALIVE_SECS: u64 = 30;
+/// How long a command's stream may stay silent (no output, no keepalive) before the step fails.
+const STREAM_SILENCE_LIMIT: Duration = Duration::from_secs(4 * KEEPALIVE_SECS);
+
 /// envd client over HTTP/1.1 + Connect JSON.
 #[derive(Debug, Clone)]
 pub struct EnvdCommands {
@@ -98,6 +103,16 @@ impl EnvdCommands {
         EnvdCommands {
             agent: ureq::AgentBuilder::new()
                 .timeout_connect(Duration::from_secs(10))
+                // A fresh connection per command. Pooled ones are keyed by address, and build
+                // sandboxes come and go on reused addresses: a connection kept from an earlier
+                // sandbox was handed to the next one on the same address, and its request then
+                // waited forever on a peer that no longer existed (builds stuck in `building`
+                // with nothing in the log when several ran at once).
+                .max_idle_connections(0)
+                .max_idle_connections_per_host(0)
+                // The agent sends a keepalive at least every KEEPALIVE_SECS, however quiet the
+                // command; a stream silent for much longer is dead, and the step fails naming itself.
+                .timeout_read(STREAM_SILENCE_LIMIT)
                 .build(),
             access_token: None,
         }
@@ -145,7 +160,7 @@ impl EnvdCommands {
             .set("Content-Type", Codec::Proto.content_type(true))
             .set("Connect-Protocol-Version", "1")
             .set("Authorization", &format!("Basic {auth}"))
-            .set("Keepalive-Ping-Interval", "30");
+            .set("Keepalive-Ping-Interval", &KEEPALIVE_SECS.to_string());
         if let Some(token) = &self.access_token {
             request = request.set("X-Access-Token", token);
         }

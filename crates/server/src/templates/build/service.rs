@@ -144,8 +144,16 @@ impl SdkPlanEnv for LocalSdkEnv {
     }
 
     fn template_base(&self, name: &str) -> Option<BaseSource> {
-        let built = self.versions.as_ref()?.latest(name).ok().flatten()?;
-        Some(base_from_built(&built))
+        if let Some(built) = self.versions.as_ref()?.latest(name).ok().flatten() {
+            return Some(base_from_built(&built));
+        }
+        // The built-in `base` has no build of its own: it is the base rootfs, which is also what
+        // E2B's default image (`e2bdev/base`) resolves to here, so `fromTemplate("base")` builds on
+        // it the way `fromImage("e2bdev/base")` does.
+        (name == crate::templates::BASE_TEMPLATE_ID)
+            .then(|| super::base_image::resolve(E2B_DEFAULT_BASE_IMAGE, &self.rootfs).ok())
+            .flatten()
+            .map(BaseSource::Image)
     }
 }
 
