@@ -147,8 +147,8 @@ def test_base_has_python_and_user_and_is_a_template_to_build_on(sdk_env):
         assert sandbox.commands.run("python -c 'print(6 * 7)'").stdout == "42\n"
         who = sandbox.commands.run("id -un; echo $HOME; pwd").stdout.split()
         assert who == ["user", "/home/user", "/home/user"], who
-        # E2B's `user` has passwordless sudo; the rule is in the rootfs, but the runtime sets
-        # no_new_privs, so sudo refuses to run (docs/compatibility.md). Run as root with user="root".
+        # E2B's `user` has passwordless sudo, and so does Warren's.
+        assert sandbox.commands.run("sudo -n id -u").stdout == "0\n"
         assert sandbox.commands.run("id -u", user="root").stdout == "0\n"
     finally:
         sandbox.kill()
