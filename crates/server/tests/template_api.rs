@@ -6,20 +6,7 @@ mod support;
 
 use hyper::{Method, StatusCode};
 use serde_json::json;
-use support::{send, Harness};
-
-fn assert_error(answer: &support::Answer, status: StatusCode, needle: &str) {
-    assert_eq!(
-        answer.status,
-        status,
-        "{}",
-        String::from_utf8_lossy(&answer.body)
-    );
-    let body = answer.json();
-    assert_eq!(body["code"], json!(status.as_u16()));
-    let message = body["message"].as_str().unwrap();
-    assert!(message.contains(needle), "{message:?} lacks {needle:?}");
-}
+use support::{assert_error, send, Harness};
 
 async fn request_build(h: &Harness, name: &str) -> serde_json::Value {
     let answer = h

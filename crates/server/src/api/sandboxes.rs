@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
@@ -16,7 +16,7 @@ use super::extract::{ApiJson, OptionalJson, QueryPairs};
 use super::paging;
 use super::AppState;
 use crate::lifecycle::state::SandboxState;
-use crate::lifecycle::{CreateRequest, ResumeOutcome};
+use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
 use crate::store::{Millis, SandboxFilter, SandboxRecord};
 
 pub fn router() -> Router<AppState> {
@@ -160,34 +160,55 @@ fn create_request(
     })
 }
 
+/// The header a client retries a create with to get the first create's sandbox back.
+const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
 async fn create_v1(
     State(state): State<AppState>,
     key: Authenticated,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<api::NewSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
     let secure = body.secure.unwrap_or(false);
-    let created_sandbox = state
-        .lifecycle
-        .create(create_request(&key, body, secure)?)
-        .await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(created(&state, &created_sandbox.record)),
-    ))
+    create_with(&state, &key, &headers, "/sandboxes", body, secure).await
 }
 
 async fn create_v2(
     State(state): State<AppState>,
     key: Authenticated,
+    headers: HeaderMap,
     ApiJson(body): ApiJson<api::NewSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
-    let created_sandbox = state
-        .lifecycle
-        .create(create_request(&key, body, true)?)
-        .await?;
+    create_with(&state, &key, &headers, "/v2/sandboxes", body, true).await
+}
+
+async fn create_with(
+    state: &AppState,
+    key: &Authenticated,
+    headers: &HeaderMap,
+    route: &str,
+    body: api::NewSandbox,
+    secure: bool,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    let idempotency = match headers.get(IDEMPOTENCY_KEY_HEADER) {
+        None => None,
+        Some(value) => {
+            let value = value
+                .to_str()
+                .map_err(|_| ApiError::bad_request("Idempotency-Key must be printable ASCII"))?;
+            // The parsed body, serialised again: the same request in another spelling is the same.
+            let canonical = serde_json::to_vec(&body).unwrap_or_default();
+            Some(IdempotencyKey::new(value, route, &canonical)?)
+        }
+    };
+    let request = create_request(key, body, secure)?;
+    let created_sandbox = match &idempotency {
+        Some(idempotency) => state.lifecycle.create_once(request, idempotency).await?,
+        None => state.lifecycle.create(request).await?,
+    };
     Ok((
         StatusCode::CREATED,
-        Json(created(&state, &created_sandbox.record)),
+        Json(created(state, &created_sandbox.record)),
     ))
 }
 

@@ -3,6 +3,7 @@
 
 pub mod admission;
 pub mod agent_init;
+mod idempotency;
 mod operations;
 pub mod reconcile;
 mod routes;
@@ -12,6 +13,7 @@ pub mod state;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+pub use idempotency::IdempotencyKey;
 pub use operations::{
     CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, ResumeOutcome, RouteError,
 };

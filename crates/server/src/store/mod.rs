@@ -339,4 +339,37 @@ pub trait Store: Send + Sync {
         id: &str,
         status: ChecksumStatus,
     ) -> Result<(), StoreError>;
+
+    // Idempotency keys of creates
+    /// Claims `key` for team `team_id` unless a live (younger than `expired_before`) claim exists;
+    /// answers the existing one then.
+    async fn claim_idempotency_key(
+        &self,
+        team_id: &str,
+        key: &str,
+        request_hash: &str,
+        now: Millis,
+        expired_before: Millis,
+    ) -> Result<IdempotencyClaim, StoreError>;
+    /// Records the sandbox the claimed create made.
+    async fn finish_idempotency_key(
+        &self,
+        team_id: &str,
+        key: &str,
+        sandbox_id: &str,
+    ) -> Result<(), StoreError>;
+    /// Drops the claim of a create that failed, so a retry may try again.
+    async fn release_idempotency_key(&self, team_id: &str, key: &str) -> Result<(), StoreError>;
+}
+
+/// What [`Store::claim_idempotency_key`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum IdempotencyClaim {
+    /// The key is this caller's now.
+    Claimed,
+    /// An earlier request holds it: with this request hash, and the sandbox it made once done.
+    Held {
+        request_hash: String,
+        sandbox_id: Option<String>,
+    },
 }

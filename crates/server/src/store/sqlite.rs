@@ -14,9 +14,9 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, Millis, PauseKind, SandboxEvent, SandboxFilter,
-    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
-    TransitionUpdate,
+    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, IdempotencyClaim, Millis, PauseKind,
+    SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError,
+    TeamRecord, TemplateRecord, TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
 
@@ -221,6 +221,75 @@ impl Store for SqliteStore {
         .bind(key.revoked_at)
         .bind(&key.team_id)
         .bind(key.admin)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn claim_idempotency_key(
+        &self,
+        team_id: &str,
+        key: &str,
+        request_hash: &str,
+        now: Millis,
+        expired_before: Millis,
+    ) -> Result<IdempotencyClaim, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM idempotency_keys WHERE created_at < ?")
+            .bind(expired_before)
+            .execute(&mut *tx)
+            .await?;
+        let inserted = sqlx::query(
+            "INSERT INTO idempotency_keys (team_id, key, request_hash, sandbox_id, created_at) \
+             VALUES (?, ?, ?, NULL, ?) ON CONFLICT (team_id, key) DO NOTHING",
+        )
+        .bind(team_id)
+        .bind(key)
+        .bind(request_hash)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        let claim = if inserted == 1 {
+            IdempotencyClaim::Claimed
+        } else {
+            let row = sqlx::query(
+                "SELECT request_hash, sandbox_id FROM idempotency_keys WHERE team_id = ? AND key = ?",
+            )
+            .bind(team_id)
+            .bind(key)
+            .fetch_one(&mut *tx)
+            .await?;
+            IdempotencyClaim::Held {
+                request_hash: row.try_get("request_hash")?,
+                sandbox_id: row.try_get("sandbox_id")?,
+            }
+        };
+        tx.commit().await?;
+        Ok(claim)
+    }
+
+    async fn finish_idempotency_key(
+        &self,
+        team_id: &str,
+        key: &str,
+        sandbox_id: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE idempotency_keys SET sandbox_id = ? WHERE team_id = ? AND key = ?")
+            .bind(sandbox_id)
+            .bind(team_id)
+            .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn release_idempotency_key(&self, team_id: &str, key: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "DELETE FROM idempotency_keys WHERE team_id = ? AND key = ? AND sandbox_id IS NULL",
+        )
+        .bind(team_id)
+        .bind(key)
         .execute(&self.pool)
         .await?;
         Ok(())
