@@ -709,7 +709,7 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
     .expect("namespace thread");
     let (first, second) = listing;
     let marker = format!(
-        "comment \"warren ruleset {}\"",
+        "comment \"warren ruleset {} ",
         warren_runtime::network::firewall::RULESET_VERSION
     );
     assert_eq!(first.matches(&marker).count(), 2, "{first}");

@@ -334,3 +334,64 @@ impl Drop for DestroyOnDrop<'_> {
         let _ = self.0.destroy(self.1);
     }
 }
+
+#[test]
+fn link_local_private_and_host_networks_are_denied_even_with_internet() {
+    // Read from the installed ruleset (never by sending to such an address: the host really has
+    // routes to link-local and private networks).
+    let Some(_base) = common::base_rootfs() else {
+        return;
+    };
+    let _runtime = common::runtime("always-deny");
+    let list = |what: &[&str]| {
+        let out = std::process::Command::new("nft")
+            .args(what)
+            .output()
+            .expect("run nft");
+        assert!(out.status.success(), "nft {what:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let denied = list(&["list", "set", "ip", "warren", "always_deny"]);
+    for range in [
+        "169.254.0.0/16",
+        "10.0.0.0/8",
+        "172.16.0.0/12",
+        "192.168.0.0/16",
+        "127.0.0.0/8",
+    ] {
+        assert!(denied.contains(range), "{range} missing: {denied}");
+    }
+    let host = warren_runtime::network::firewall::HostNetworks::probe("warren0");
+    for (network, prefix) in &host.connected {
+        let cidr = format!("{network}/{prefix}");
+        let covered = denied.contains(&cidr)
+            || warren_runtime::network::firewall::ALWAYS_DENIED
+                .iter()
+                .any(|r| cidr_contains(r, *network));
+        assert!(covered, "host network {cidr} not denied: {denied}");
+    }
+    let forward = list(&["list", "chain", "ip", "warren", "forward"]);
+    let deny = forward.find("@always_deny drop").expect("always-deny rule");
+    let internet = forward.find("@internet drop").expect("internet rule");
+    let dns = forward.find("@resolvers accept").expect("resolver rule");
+    let accept = forward
+        .find("ip saddr 10.77.0.0/16 accept")
+        .expect("the internet accept");
+    assert!(internet < dns && dns < deny && deny < accept, "{forward}");
+    assert!(
+        forward[deny..].contains("jump egress"),
+        "egress must come after the always-deny drop: {forward}"
+    );
+}
+
+fn cidr_contains(cidr: &str, ip: std::net::Ipv4Addr) -> bool {
+    let (net, prefix) = cidr.split_once('/').unwrap();
+    let net: std::net::Ipv4Addr = net.parse().unwrap();
+    let prefix: u32 = prefix.parse().unwrap();
+    let mask = if prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - prefix)
+    };
+    u32::from(ip) & mask == u32::from(net) & mask
+}

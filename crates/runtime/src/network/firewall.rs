@@ -18,6 +18,8 @@
 //! ([`admit`], concurrent with the supervisor) and one at destroy ([`withdraw`]).
 
 use std::io::Write;
+
+use sha2::Digest;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
@@ -103,10 +105,89 @@ impl Drop for PendingNft {
 /// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
 /// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
 /// whenever the ruleset changes.
-pub const RULESET_VERSION: u32 = 2;
+pub const RULESET_VERSION: u32 = 3;
 
-fn version_marker() -> String {
-    format!("comment \"warren ruleset {RULESET_VERSION}\"")
+/// The tables' comment: the version and a digest of what the ruleset took from the host
+/// ([`HostNetworks`]), so a host whose resolvers or networks changed gets its tables rebuilt at the
+/// next start.
+fn version_marker(host: &HostNetworks) -> String {
+    let digest = sha2::Sha256::digest(format!("{host:?}").as_bytes());
+    format!(
+        "comment \"warren ruleset {RULESET_VERSION} {}\"",
+        hex::encode(&digest[..6])
+    )
+}
+
+/// Destinations no sandbox reaches, internet access or not (the host's resolvers on port 53
+/// excepted): "this" network, the private ranges (RFC 1918), carrier-grade NAT, loopback, link-local
+/// (cloud metadata services such as 169.254.169.254 live there), IETF protocol assignments,
+/// multicast and the reserved range; plus the networks the host itself is connected to.
+pub const ALWAYS_DENIED: [&str; 10] = [
+    "0.0.0.0/8",
+    "10.0.0.0/8",
+    "100.64.0.0/10",
+    "127.0.0.0/8",
+    "169.254.0.0/16",
+    "172.16.0.0/12",
+    "192.0.0.0/24",
+    "192.168.0.0/16",
+    "224.0.0.0/4",
+    "240.0.0.0/4",
+];
+
+/// What the ruleset takes from the host: the IPv4 resolvers sandboxes are pointed at (the host's
+/// `/etc/resolv.conf`, which every sandbox gets a copy of) and the networks the host is connected
+/// to, other than the sandbox bridge.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct HostNetworks {
+    pub resolvers: Vec<Ipv4Addr>,
+    pub connected: Vec<(Ipv4Addr, u8)>,
+}
+
+impl HostNetworks {
+    /// Reads `/etc/resolv.conf` and the kernel's IPv4 routes (`/proc/net/route`).
+    pub fn probe(bridge: &str) -> HostNetworks {
+        let resolv = std::fs::read_to_string("/etc/resolv.conf").unwrap_or_default();
+        let routes = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+        HostNetworks::parse(&resolv, &routes, bridge)
+    }
+
+    fn parse(resolv: &str, routes: &str, bridge: &str) -> HostNetworks {
+        let mut resolvers: Vec<Ipv4Addr> = resolv
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("nameserver"))
+            .filter_map(|rest| rest.trim().parse::<Ipv4Addr>().ok())
+            .filter(|ip| !ip.is_loopback() && !ip.is_unspecified())
+            .collect();
+        resolvers.dedup();
+        // Iface, Destination, Gateway, Flags, RefCnt, Use, Metric, Mask (hex, little endian).
+        let mut connected = Vec::new();
+        for line in routes.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(iface), Some(dest), Some(mask)) =
+                (fields.first(), fields.get(1), fields.get(7))
+            else {
+                continue;
+            };
+            let (Ok(dest), Ok(mask)) =
+                (u32::from_str_radix(dest, 16), u32::from_str_radix(mask, 16))
+            else {
+                continue;
+            };
+            if *iface == bridge || dest == 0 || mask == 0 {
+                continue;
+            }
+            let network = Ipv4Addr::from(u32::from_be(dest));
+            let prefix = u32::from_be(mask).leading_ones() as u8;
+            if !connected.contains(&(network, prefix)) {
+                connected.push((network, prefix));
+            }
+        }
+        HostNetworks {
+            resolvers,
+            connected,
+        }
+    }
 }
 
 /// `nft list table <family> warren`, or None when there is no such table.
@@ -123,18 +204,35 @@ fn list_table(family: &str) -> Option<String> {
 }
 
 /// The host-wide ruleset for `bridge` and `subnet`. docs/network.md explains every rule.
-pub fn ruleset(bridge: &str, subnet: &str) -> String {
-    let marker = version_marker();
+pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks) -> String {
+    let marker = version_marker(host);
+    let mut denied: Vec<String> = ALWAYS_DENIED.iter().map(|s| s.to_string()).collect();
+    denied.extend(host.connected.iter().map(|(ip, p)| format!("{ip}/{p}")));
+    let denied = denied.join(", ");
+    let resolvers = if host.resolvers.is_empty() {
+        String::new()
+    } else {
+        let list: Vec<String> = host
+            .resolvers
+            .iter()
+            .flat_map(|ip| [format!("{ip} . udp . 53"), format!("{ip} . tcp . 53")])
+            .collect();
+        format!(" elements = {{ {} }};", list.join(", "))
+    };
     format!(
         r#"table ip {TABLE} {{
     {marker}
     set internet {{ type ipv4_addr; }}
+    set always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {denied} }}; }}
+    set resolvers {{ type ipv4_addr . inet_proto . inet_service;{resolvers} }}
     chain egress {{
     }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
         iifname "{bridge}" oifname "{bridge}" drop
         iifname "{bridge}" ip saddr != @internet drop
+        iifname "{bridge}" ip daddr . meta l4proto . th dport @resolvers accept
+        iifname "{bridge}" ip daddr @always_deny drop
         iifname "{bridge}" jump egress
         iifname "{bridge}" ip saddr {subnet} accept
         iifname "{bridge}" drop
@@ -205,7 +303,8 @@ pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(),
     let lock = RulesetLock::take()?;
     let ip_table = list_table("ip");
     let bridge_table = list_table("bridge");
-    let marker = version_marker();
+    let host = HostNetworks::probe(bridge);
+    let marker = version_marker(&host);
     let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
     if current(&ip_table) && current(&bridge_table) {
         return Ok(());
@@ -213,7 +312,7 @@ pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(),
     let mut script = format!(
         "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
     );
-    script.push_str(&ruleset(bridge, &format!("{network}/{prefix}")));
+    script.push_str(&ruleset(bridge, &format!("{network}/{prefix}"), &host));
     let granted = ip_table.as_deref().map(listed_internet).unwrap_or_default();
     if !granted.is_empty() {
         let list: Vec<String> = granted.iter().map(Ipv4Addr::to_string).collect();
@@ -398,12 +497,55 @@ mod tests {
 
     #[test]
     fn ruleset_is_versioned_and_binds_ports() {
-        let rules = ruleset("warren0", "10.77.0.0/16");
-        assert_eq!(rules.matches(&version_marker()).count(), 2);
+        let host = HostNetworks {
+            resolvers: vec![Ipv4Addr::new(10, 255, 255, 53)],
+            connected: vec![(Ipv4Addr::new(192, 0, 2, 0), 24)],
+        };
+        let rules = ruleset("warren0", "10.77.0.0/16", &host);
+        assert_eq!(rules.matches(&version_marker(&host)).count(), 2);
+        assert_ne!(
+            version_marker(&host),
+            version_marker(&HostNetworks::default())
+        );
+        // Link-local (metadata), private ranges and the host's own network are dropped for every
+        // sandbox, before the internet accept; the host's resolver stays reachable on port 53 only.
+        let deny = rules
+            .find("ip daddr @always_deny drop")
+            .expect("always-deny rule");
+        let dns = rules
+            .find("th dport @resolvers accept")
+            .expect("resolver rule");
+        let accept = rules
+            .find("ip saddr 10.77.0.0/16 accept")
+            .expect("internet accept");
+        assert!(dns < deny && deny < accept, "{rules}");
+        for range in [
+            "169.254.0.0/16",
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "192.0.2.0/24",
+        ] {
+            assert!(rules.contains(range), "{range} not denied: {rules}");
+        }
+        assert!(rules.contains("10.255.255.53 . udp . 53, 10.255.255.53 . tcp . 53"));
         assert!(rules.contains("iifname \"warren0\" jump egress"));
         assert!(rules.contains("masquerade"));
         assert!(rules.contains("iifname . ether saddr . ip saddr @ports accept"));
         assert!(rules.contains("oifname . ether daddr . ip daddr @ports accept"));
+    }
+
+    #[test]
+    fn host_resolvers_and_networks_are_read_from_resolv_conf_and_routes() {
+        let resolv = "# generated\nnameserver 10.255.255.53\nnameserver 127.0.0.53\nnameserver ::1\nsearch x\n";
+        let routes =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                      eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                      warren0\t00004D0A\t00000000\t0001\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+                      eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        let host = HostNetworks::parse(resolv, routes, "warren0");
+        assert_eq!(host.resolvers, vec![Ipv4Addr::new(10, 255, 255, 53)]);
+        assert_eq!(host.connected, vec![(Ipv4Addr::new(192, 0, 2, 0), 24)]);
     }
 
     #[test]

@@ -27,8 +27,15 @@ pub fn base_rootfs() -> Option<PathBuf> {
     Some(base)
 }
 
-/// The agent the sandboxes run: $WARREN_TEST_AGENT, or the stand-in in tests/fixtures built statically.
+/// The agent the sandboxes run: $WARREN_TEST_AGENT, or the stand-in in tests/fixtures built statically,
+/// once per test process (tests run on several threads; two builds racing into one file crash the
+/// linker).
 pub fn test_agent() -> PathBuf {
+    static AGENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    AGENT.get_or_init(build_test_agent).clone()
+}
+
+fn build_test_agent() -> PathBuf {
     if let Some(path) = std::env::var_os("WARREN_TEST_AGENT") {
         return PathBuf::from(path);
     }
@@ -40,6 +47,7 @@ pub fn test_agent() -> PathBuf {
     if fresh {
         return binary;
     }
+    // Unique per process: test binaries of other runs may build at the same time.
     let temp = out_dir.join(format!("warren-test-agent.{}", std::process::id()));
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_string());
     let status = std::process::Command::new(rustc)
