@@ -150,10 +150,6 @@ async fn bad_requests_get_the_right_status() {
             "network.allowOut, network.denyOut",
         ),
         (
-            json!({"templateID": "base", "network": {"allowPublicTraffic": false}}),
-            "network.allowPublicTraffic",
-        ),
-        (
             json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data"}]}),
             "volumeMounts",
         ),

@@ -270,3 +270,79 @@ async fn concurrent_traffic_resumes_a_paused_sandbox_once() {
     let h = std::sync::Arc::into_inner(h).unwrap();
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn private_sandboxes_need_the_traffic_token_on_user_ports() {
+    let h = Harness::start(false, |_| {}).await;
+    let created = h
+        .create(json!({"templateID": "base", "network": {"allowPublicTraffic": false}}))
+        .await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let traffic = created["trafficAccessToken"]
+        .as_str()
+        .expect("a private sandbox answers its traffic token")
+        .to_string();
+    let envd = created["envdAccessToken"].as_str().unwrap().to_string();
+    let user_port = |token: Option<&str>| {
+        let mut headers = vec![
+            ("E2b-Sandbox-Id", id.clone()),
+            ("E2b-Sandbox-Port", "8080".to_string()),
+        ];
+        if let Some(token) = token {
+            headers.push(("e2b-traffic-access-token", token.to_string()));
+        }
+        headers
+    };
+    let send = |headers: Vec<(&'static str, String)>| {
+        let h = &h;
+        async move {
+            let pairs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            h.proxy("/", &pairs).await
+        }
+    };
+    // Without the token, or with a wrong one: 403, and the sandbox is never contacted.
+    for token in [None, Some("wrong"), Some(&traffic[..traffic.len() - 1])] {
+        let answer = send(user_port(token)).await;
+        assert_eq!(answer.status, StatusCode::FORBIDDEN, "{token:?}");
+        assert!(String::from_utf8_lossy(&answer.body).contains("e2b-traffic-access-token"));
+    }
+    // With it, the request goes through (nothing listens on 8080 in the fake: 502 port not open).
+    let through = send(user_port(Some(&traffic))).await;
+    assert_eq!(
+        through.status,
+        StatusCode::BAD_GATEWAY,
+        "{}",
+        String::from_utf8_lossy(&through.body)
+    );
+    assert!(String::from_utf8_lossy(&through.body).contains("port is not open"));
+    // envd's port keeps its own token and needs no traffic token; the header never reaches it.
+    let envd_answer = send(vec![
+        ("E2b-Sandbox-Id", id.clone()),
+        ("E2b-Sandbox-Port", "49983".to_string()),
+        ("X-Access-Token", envd),
+        ("e2b-traffic-access-token", traffic.clone()),
+    ])
+    .await;
+    assert_eq!(envd_answer.status, StatusCode::OK);
+    assert!(envd_answer.json()["headers"]
+        .get("e2b-traffic-access-token")
+        .is_none());
+
+    // A public sandbox answers no traffic token and needs none.
+    let public = h.create(json!({"templateID": "base"})).await;
+    assert!(public["trafficAccessToken"].is_null(), "{public}");
+    let public_id = public["sandboxID"].as_str().unwrap();
+    let open = h
+        .proxy(
+            "/",
+            &[("E2b-Sandbox-Id", public_id), ("E2b-Sandbox-Port", "8080")],
+        )
+        .await;
+    assert_eq!(open.status, StatusCode::BAD_GATEWAY);
+
+    for sandbox in h.runtime.live_ids() {
+        h.api(Method::DELETE, &format!("/sandboxes/{sandbox}"), None)
+            .await;
+    }
+    h.server.stop().await.unwrap();
+}

@@ -110,13 +110,10 @@ impl SandboxNetworkUpdate {
 }
 
 impl SandboxNetwork {
-    /// The JSON names of the fields that ask for something beyond the default (public traffic on,
-    /// no egress rules), in the order the schema lists them.
+    /// The JSON names of the fields that ask for egress rules (not enforced yet), in the order the
+    /// schema lists them. `allowPublicTraffic` is not among them: it is supported.
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.allow_public_traffic == Some(false) {
-            out.push("network.allowPublicTraffic");
-        }
         let set = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| !l.is_empty());
         if set(&self.allow_out) {
             out.push("network.allowOut");

@@ -61,7 +61,7 @@ pub(super) fn created(state: &AppState, record: &SandboxRecord) -> api::Sandbox 
         envd_version: ENVD_VERSION.to_string(),
         alias: record.alias.clone(),
         envd_access_token: record.envd_access_token.clone(),
-        traffic_access_token: None,
+        traffic_access_token: record.traffic_access_token.clone(),
         domain: Some(state.lifecycle.config().domain.clone()),
     }
 }
@@ -154,6 +154,7 @@ fn create_request(
         auto_pause: body.auto_pause.unwrap_or(false),
         auto_resume: body.auto_resume.map(|config| config.enabled),
         secure,
+        private_traffic: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
         allow_internet: body.allow_internet_access,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),

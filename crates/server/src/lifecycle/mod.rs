@@ -17,6 +17,7 @@ pub use idempotency::IdempotencyKey;
 pub use operations::{
     CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, ResumeOutcome, RouteError,
 };
+pub use routes::TrafficRoute;
 pub use snapshots::{ForkOutcome, GcReport, MAX_FORKS};
 
 use crate::store::Millis;

@@ -2,7 +2,6 @@
 //! runtime and stores the transition. HTTP handlers and the proxy only call these.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -14,7 +13,7 @@ use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, Sandbox, Sa
 use super::admission::{self, AdmissionError, Request, Usage};
 use super::agent_init::{init_agent, AgentInitError};
 use super::now_millis;
-use super::routes::{Route, RouteTable};
+use super::routes::{Route, RouteTable, TrafficRoute};
 use super::state::{InvalidTransition, SandboxState};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
@@ -94,6 +93,8 @@ pub struct CreateRequest {
     pub auto_pause: bool,
     pub auto_resume: Option<bool>,
     pub secure: bool,
+    /// `network.allowPublicTraffic = false`: user ports need the traffic access token.
+    pub private_traffic: bool,
     pub allow_internet: Option<bool>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
@@ -287,7 +288,9 @@ impl Lifecycle {
             record.end_at = end_at;
         }
         match (to, record.ip) {
-            (SandboxState::Running, Some(ip)) => self.routes.set(&record.id, Some(Route::Live(ip))),
+            (SandboxState::Running, Some(ip)) => {
+                self.routes.set(&record.id, Some(Route::live(ip, record)))
+            }
             _ => self.routes.set(&record.id, None),
         }
         if to.is_terminal() {
@@ -454,6 +457,7 @@ impl Lifecycle {
             auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
             allow_internet: request.allow_internet,
             envd_access_token: request.secure.then(new_access_token),
+            traffic_access_token: request.private_traffic.then(new_access_token),
             ip: None,
             init_pid: None,
             pause_kind: None,
@@ -1063,20 +1067,26 @@ impl Lifecycle {
     }
 
     /// Where the proxy should send traffic for sandbox `id`: resumes a paused sandbox that allows it.
-    pub async fn route_for_traffic(&self, id: &str) -> Result<Ipv4Addr, RouteError> {
+    pub async fn route_for_traffic(&self, id: &str) -> Result<TrafficRoute, RouteError> {
         match self.routes.get(id) {
-            Some(Route::Live(ip)) => return Ok(ip),
+            Some(Route::Live(route)) => return Ok(route),
             Some(Route::Ending) => return Err(RouteError::NotFound(id.to_string())),
             None => {}
         }
+        let route = |record: &SandboxRecord| {
+            record.ip.map(|ip| TrafficRoute {
+                ip,
+                traffic_token: record.traffic_access_token.clone(),
+            })
+        };
         let record = match self.store.get_sandbox(id).await? {
             Some(record) if !record.state.is_terminal() => record,
             _ => return Err(RouteError::NotFound(id.to_string())),
         };
         match record.state {
-            SandboxState::Running => record
-                .ip
-                .ok_or_else(|| RouteError::NotFound(id.to_string())),
+            SandboxState::Running => {
+                route(&record).ok_or_else(|| RouteError::NotFound(id.to_string()))
+            }
             SandboxState::Paused | SandboxState::Pausing if !record.auto_resume => {
                 Err(RouteError::Paused(id.to_string()))
             }
@@ -1089,10 +1099,7 @@ impl Lifecycle {
                         source: Box::new(other),
                     },
                 })?;
-                resumed
-                    .0
-                    .ip
-                    .ok_or_else(|| RouteError::NotFound(id.to_string()))
+                route(&resumed.0).ok_or_else(|| RouteError::NotFound(id.to_string()))
             }
         }
     }
@@ -1100,7 +1107,7 @@ impl Lifecycle {
     /// Fill the proxy's route cache from the store (after reconciliation).
     pub(crate) fn remember_route(&self, record: &SandboxRecord) {
         if let (SandboxState::Running, Some(ip)) = (record.state, record.ip) {
-            self.routes.set(&record.id, Some(Route::Live(ip)));
+            self.routes.set(&record.id, Some(Route::live(ip, record)));
         }
     }
 }

@@ -7,11 +7,19 @@ use std::collections::HashMap;
 use std::net::Ipv4Addr;
 use std::sync::RwLock;
 
+/// Where the proxy sends a running sandbox's traffic, and what a user port asks of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrafficRoute {
+    pub ip: Ipv4Addr,
+    /// A private sandbox's traffic access token: requests to its user ports must carry it.
+    pub traffic_token: Option<String>,
+}
+
 /// One sandbox's entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Route {
-    /// Running: send traffic to this address.
-    Live(Ipv4Addr),
+    /// Running: send traffic here.
+    Live(TrafficRoute),
     /// Being killed: traffic gets "not found" without touching the sandbox.
     Ending,
 }
@@ -19,6 +27,15 @@ pub(crate) enum Route {
 #[derive(Debug, Default)]
 pub(crate) struct RouteTable {
     routes: RwLock<HashMap<String, Route>>,
+}
+
+impl Route {
+    pub(crate) fn live(ip: Ipv4Addr, record: &crate::store::SandboxRecord) -> Route {
+        Route::Live(TrafficRoute {
+            ip,
+            traffic_token: record.traffic_access_token.clone(),
+        })
+    }
 }
 
 impl RouteTable {
@@ -38,7 +55,7 @@ impl RouteTable {
             .routes
             .read()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        routes.get(id).copied()
+        routes.get(id).cloned()
     }
 }
 
@@ -50,8 +67,12 @@ mod tests {
     fn ending_replaces_a_live_route_and_removal_forgets_it() {
         let table = RouteTable::default();
         let ip = Ipv4Addr::new(10, 77, 0, 2);
-        table.set("a", Some(Route::Live(ip)));
-        assert_eq!(table.get("a"), Some(Route::Live(ip)));
+        let live = Route::Live(TrafficRoute {
+            ip,
+            traffic_token: None,
+        });
+        table.set("a", Some(live.clone()));
+        assert_eq!(table.get("a"), Some(live));
         table.set("a", Some(Route::Ending));
         assert_eq!(table.get("a"), Some(Route::Ending));
         table.set("a", None);

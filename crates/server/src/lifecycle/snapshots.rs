@@ -179,6 +179,10 @@ impl Lifecycle {
                     .envd_access_token
                     .as_ref()
                     .map(|_| new_access_token()),
+                traffic_access_token: source
+                    .traffic_access_token
+                    .as_ref()
+                    .map(|_| new_access_token()),
                 ip: None,
                 init_pid: None,
                 pause_kind: None,

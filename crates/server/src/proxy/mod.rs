@@ -22,6 +22,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use warren_proto::envd::ENVD_PORT;
 
 use crate::lifecycle::{Lifecycle, RouteError};
 use crate::metrics::Metrics;
@@ -146,14 +147,32 @@ impl Proxy {
                 return error_response(StatusCode::BAD_REQUEST, error.to_string());
             }
         };
-        let ip = match self.lifecycle.route_for_traffic(&target.sandbox_id).await {
-            Ok(ip) => ip,
+        let route = match self.lifecycle.route_for_traffic(&target.sandbox_id).await {
+            Ok(route) => route,
             Err(error) => {
                 self.metrics.proxy_request("unavailable");
                 return route_error_response(&target, error);
             }
         };
-        let addr = SocketAddr::from((ip, target.port));
+        let mut parts = parts;
+        // A private sandbox's user ports need its traffic token; envd's port has its own token.
+        let presented = parts.headers.remove(TRAFFIC_TOKEN_HEADER);
+        if let Some(expected) = &route.traffic_token {
+            let matches = presented
+                .as_ref()
+                .is_some_and(|value| same_secret(value.as_bytes(), expected.as_bytes()));
+            if target.port != ENVD_PORT && !matches {
+                self.metrics.proxy_request("forbidden");
+                return error_response(
+                    StatusCode::FORBIDDEN,
+                    format!(
+                        "sandbox {} is private: send its traffic access token in the {TRAFFIC_TOKEN_HEADER} header",
+                        target.sandbox_id
+                    ),
+                );
+            }
+        }
+        let addr = SocketAddr::from((route.ip, target.port));
         let request = Request::from_parts(parts, body);
         let response =
             if request.headers().contains_key(UPGRADE) && request.version() == Version::HTTP_11 {
@@ -317,6 +336,15 @@ impl Proxy {
         let (parts, body) = response.into_parts();
         Response::from_parts(parts, body.boxed())
     }
+}
+
+/// The header a private sandbox's user-port requests carry its traffic access token in (the SDK's
+/// `sandbox.traffic_access_token`). Removed before the request reaches the sandbox.
+pub const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Compares two secrets in time that depends on their lengths only.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 fn port_closed(target: &Target) -> Response<ProxyBody> {

@@ -145,6 +145,8 @@ pub struct SandboxRecord {
     pub auto_resume: bool,
     pub allow_internet: Option<bool>,
     pub envd_access_token: Option<String>,
+    /// Set for private sandboxes: the proxy's user ports need it (`e2b-traffic-access-token`).
+    pub traffic_access_token: Option<String>,
     pub ip: Option<Ipv4Addr>,
     pub init_pid: Option<u32>,
     pub pause_kind: Option<PauseKind>,

@@ -175,6 +175,7 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         auto_resume: row.try_get("auto_resume")?,
         allow_internet: row.try_get("allow_internet")?,
         envd_access_token: row.try_get("envd_access_token")?,
+        traffic_access_token: row.try_get("traffic_access_token")?,
         ip,
         init_pid: row
             .try_get::<Option<i64>, _>("init_pid")?
@@ -453,8 +454,9 @@ impl Store for SqliteStore {
         sqlx::query(
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
-             init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
+             traffic_access_token) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -479,6 +481,7 @@ impl Store for SqliteStore {
         .bind(s.end_at)
         .bind(s.updated_at)
         .bind(&s.team_id)
+        .bind(&s.traffic_access_token)
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -747,6 +750,7 @@ mod tests {
             auto_resume: false,
             allow_internet: None,
             envd_access_token: None,
+            traffic_access_token: None,
             ip: None,
             init_pid: None,
             pause_kind: None,
