@@ -73,7 +73,7 @@ pub struct Resources {
     pub max_pids: u64,
 }
 
-/// Network settings of a sandbox. Egress allow/deny rules hang off this later.
+/// Network settings of a sandbox.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct NetworkSpec {
     /// NAT to the host's uplink when true; loopback and the host bridge only when false.
@@ -83,6 +83,8 @@ pub struct NetworkSpec {
     /// port binding holds either way (docs/network.md), so this widens what a sandbox can send on
     /// its own link, not whom it can impersonate.
     pub raw_sockets: bool,
+    /// Destinations allowed and denied by address (only meaningful with `allow_internet`).
+    pub egress: network::egress::EgressRules,
 }
 
 /// Everything needed to start a sandbox.
@@ -206,6 +208,9 @@ pub trait Runtime: Send + Sync {
     fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError>;
     /// Send `signal` to process `pid` (as the sandbox numbers it).
     fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError>;
+    /// Replace the internet access and egress rules of a running sandbox, at once and atomically
+    /// (`update_network`).
+    fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError>;
     /// Sandboxes that exist on this host, whether or not a server remembers them.
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// Dump the process tree and the runtime layer into `dest`. With `leave_running` the sandbox keeps

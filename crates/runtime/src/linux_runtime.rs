@@ -720,6 +720,11 @@ impl Runtime for LinuxRuntime {
             .map_err(|e| RuntimeError::Other(format!("kill process {pid} in sandbox {id}: {e}")))
     }
 
+    fn set_network(&self, id: &str, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {
+        let record = self.live_record(id)?;
+        firewall::set_network(record.ip, network).map_err(other)
+    }
+
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
         let mut sandboxes = Vec::new();
         for id in self.known_ids() {

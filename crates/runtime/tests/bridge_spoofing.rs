@@ -300,12 +300,15 @@ struct Destination {
 
 impl Destination {
     fn create() -> Self {
+        // Tests of one process run at once: each destination gets its own name and /30.
+        static SERIAL: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let serial = SERIAL.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let pid = std::process::id();
-        let name = format!("wt-dst-{pid}");
-        let third = (pid % 250) as u8;
+        let name = format!("wt-dst-{pid}-{serial}");
+        let third = ((pid + serial * 7) % 250) as u8;
         let host_ip = Ipv4Addr::new(198, 19, third, 1);
         let ip = Ipv4Addr::new(198, 19, third, 2);
-        let host_link = format!("wtd{}", pid % 100_000);
+        let host_link = format!("wtd{}-{serial}", pid % 10_000);
         let steps: Vec<Vec<String>> = vec![
             vec!["netns".into(), "add".into(), name.clone()],
             vec![
@@ -722,5 +725,82 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
     assert!(
         second.contains("\"wv-9-7\""),
         "a current ruleset was replaced: {second}"
+    );
+}
+
+/// Egress rules by address, for real: a sandbox with internet is denied one destination (its own
+/// test "internet" namespace), then allowed it over a deny-everything (allow wins), then shut out of
+/// everything, then opened again; a sandbox created without internet gets out only once a rule
+/// allows it. Every change applies to the running sandbox at once. Destroy removes its chain.
+#[test]
+fn egress_rules_by_address_apply_at_once_and_allow_wins() {
+    use warren_runtime::network::egress::{Cidr, EgressRules};
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let mut sandboxes = Sandboxes::new("egress");
+    let e = sandboxes.create("wt-egress-e", &base, false, true);
+    let offline = sandboxes.create("wt-egress-off", &base, false, false);
+    let destination = Destination::create();
+    let listener = destination.socket();
+    let port = listener.local_addr().unwrap().port();
+    let dest = Cidr {
+        network: destination.ip,
+        prefix: 32,
+    };
+    let everything: Cidr = "0.0.0.0/0".parse().unwrap();
+    let set = |id: &str, internet: bool, allow: Vec<Cidr>, deny: Vec<Cidr>| {
+        let network = warren_runtime::NetworkSpec {
+            allow_internet: internet,
+            raw_sockets: false,
+            egress: EgressRules { allow, deny },
+        };
+        sandboxes
+            .runtime
+            .set_network(id, &network)
+            .expect("set network");
+    };
+    let assert_phase = |blocked: &str, passed: &str| {
+        let got = receive_until(&listener, passed);
+        assert!(
+            got.iter().any(|g| g == passed),
+            "{passed} did not arrive: {got:?}"
+        );
+        assert!(
+            !got.iter().any(|g| g == blocked),
+            "{blocked} got through: {got:?}"
+        );
+    };
+
+    set(&e.id, true, vec![], vec![dest]);
+    send_udp(&e, 40_201, destination.ip, port, "denied-1");
+    set(&e.id, true, vec![dest], vec![everything]);
+    send_udp(&e, 40_202, destination.ip, port, "allowed-2");
+    assert_phase("denied-1", "allowed-2");
+
+    set(&e.id, true, vec![], vec![everything]);
+    send_udp(&e, 40_203, destination.ip, port, "blocked-3");
+    set(&e.id, true, vec![], vec![]);
+    send_udp(&e, 40_204, destination.ip, port, "open-4");
+    assert_phase("blocked-3", "open-4");
+
+    // No internet: nothing gets out until an allowed network opens the way for it alone.
+    send_udp(&offline, 40_205, destination.ip, port, "offline-5");
+    set(&offline.id, true, vec![dest], vec![everything]);
+    send_udp(&offline, 40_206, destination.ip, port, "allowed-6");
+    assert_phase("offline-5", "allowed-6");
+
+    // Rules in place make a chain of the sandbox's own; destroy removes it with its map element.
+    set(&e.id, true, vec![], vec![dest]);
+    let chain = format!("eg-{}-{}", e.ip.octets()[2], e.ip.octets()[3]);
+    let (listed, _) = host_command("nft", &["list", "chain", "ip", "warren", &chain]);
+    assert!(listed, "sandbox chain {chain} missing");
+    sandboxes.runtime.destroy(&e.id).expect("destroy");
+    let (still, out) = host_command("nft", &["list", "chain", "ip", "warren", &chain]);
+    assert!(!still, "destroy left chain {chain}: {out}");
+    let (_, map) = host_command("nft", &["list", "map", "ip", "warren", "egress_rules"]);
+    assert!(
+        !map.contains(&e.ip.to_string()),
+        "destroy left the map element: {map}"
     );
 }

@@ -146,8 +146,16 @@ async fn bad_requests_get_the_right_status() {
     // MCP, IAM and fields it does not know.
     for (body, named) in [
         (
-            json!({"templateID": "base", "network": {"allowOut": ["10.0.0.0/8"], "denyOut": ["0.0.0.0/0"]}}),
-            "network.allowOut, network.denyOut",
+            json!({"templateID": "base", "network": {"dnsServers": ["198.51.100.53"], "rules": {"x": []}}}),
+            "network.dnsServers, network.rules",
+        ),
+        (
+            json!({"templateID": "base", "network": {"allowOut": ["api.example.com"]}}),
+            "network.allowOut: \"api.example.com\" is not an IPv4 address or CIDR (host names",
+        ),
+        (
+            json!({"templateID": "base", "network": {"denyOut": ["198.51.100.7/24"]}}),
+            "network.denyOut: \"198.51.100.7/24\" has host bits set",
         ),
         (
             json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data"}]}),
@@ -180,14 +188,54 @@ async fn bad_requests_get_the_right_status() {
         .await;
     assert_eq!(defaults.status, StatusCode::CREATED);
     let id = defaults.json()["sandboxID"].as_str().unwrap().to_string();
+    // Address rules replace the running sandbox's rules in the runtime at once.
     let update = h
         .api(
             Method::PUT,
             &format!("/sandboxes/{id}/network"),
-            Some(json!({"denyOut": ["0.0.0.0/0"]})),
+            Some(json!({"allowOut": ["198.51.100.0/24"], "denyOut": ["0.0.0.0/0"]})),
         )
         .await;
-    assert_error(&update, StatusCode::BAD_REQUEST, "network.denyOut");
+    assert_eq!(update.status, StatusCode::NO_CONTENT, "{:?}", update.json());
+    let given = h
+        .runtime
+        .egress
+        .lock()
+        .unwrap()
+        .get(&id)
+        .cloned()
+        .expect("rules given")
+        .egress;
+    assert_eq!(
+        given
+            .allow
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>(),
+        ["198.51.100.0/24"]
+    );
+    assert_eq!(
+        given.deny.iter().map(|c| c.to_string()).collect::<Vec<_>>(),
+        ["0.0.0.0/0"]
+    );
+    let unsupported = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({"allowOut": ["api.example.com"]})),
+        )
+        .await;
+    assert_error(&unsupported, StatusCode::BAD_REQUEST, "host names");
+    assert_eq!(
+        h.runtime
+            .egress
+            .lock()
+            .unwrap()
+            .get(&id)
+            .map(|r| r.egress.allow.len()),
+        Some(1),
+        "a refused update changed the rules"
+    );
     let empty = h
         .api(
             Method::PUT,

@@ -202,6 +202,14 @@ impl Runtime for HostAgentRuntime {
         Err(RuntimeError::Unsupported("host-agent test runtime".into()))
     }
 
+    fn set_network(
+        &self,
+        _id: &str,
+        _network: &warren_runtime::NetworkSpec,
+    ) -> Result<(), RuntimeError> {
+        Err(RuntimeError::Unsupported("host-agent test runtime".into()))
+    }
+
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
         Ok(self
             .sandboxes

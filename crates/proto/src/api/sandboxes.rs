@@ -110,17 +110,12 @@ impl SandboxNetworkUpdate {
 }
 
 impl SandboxNetwork {
-    /// The JSON names of the fields that ask for egress rules (not enforced yet), in the order the
-    /// schema lists them. `allowPublicTraffic` is not among them: it is supported.
+    /// The JSON names of the fields that ask for what this server does not enforce yet (host-name
+    /// rules, DNS servers, the egress proxy, transforms), in the order the schema lists them.
+    /// `allowPublicTraffic` and address rules in `allowOut` / `denyOut` are supported.
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         let set = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| !l.is_empty());
-        if set(&self.allow_out) {
-            out.push("network.allowOut");
-        }
-        if set(&self.deny_out) {
-            out.push("network.denyOut");
-        }
         if set(&self.dns_servers) {
             out.push("network.dnsServers");
         }

@@ -20,6 +20,8 @@
 use std::io::Write;
 
 use sha2::Digest;
+
+use super::egress::EgressRules;
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
@@ -105,7 +107,7 @@ impl Drop for PendingNft {
 /// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
 /// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
 /// whenever the ruleset changes.
-pub const RULESET_VERSION: u32 = 3;
+pub const RULESET_VERSION: u32 = 4;
 
 /// The tables' comment: the version and a digest of what the ruleset took from the host
 /// ([`HostNetworks`]), so a host whose resolvers or networks changed gets its tables rebuilt at the
@@ -225,7 +227,9 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks) -> String {
     set internet {{ type ipv4_addr; }}
     set always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {denied} }}; }}
     set resolvers {{ type ipv4_addr . inet_proto . inet_service;{resolvers} }}
+    map egress_rules {{ type ipv4_addr : verdict; }}
     chain egress {{
+        ip saddr vmap @egress_rules
     }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
@@ -443,14 +447,8 @@ pub fn admit(plan: &NetworkPlan, spec: &NetworkSpec) -> Result<PendingNft, Firew
         "add element bridge {TABLE} ports {{ {} }}\n",
         port_element(plan)
     );
-    if spec.allow_internet {
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
-        script.push_str(&format!("add element ip {TABLE} internet {{ {ip} }}\n"));
-    } else {
-        script.push_str(&format!(
-            "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
-        ));
-    }
+    script.push_str(&egress_script(ip, &spec.egress));
+    script.push_str(&internet_script(ip, spec.allow_internet)?);
     PendingNft::start("admit the sandbox's port", &script)
 }
 
@@ -460,13 +458,61 @@ pub fn withdraw(plan: &NetworkPlan) -> Result<PendingNft, FirewallError> {
     let ip = plan.ip;
     let port = port_element(plan);
     // Add-then-delete succeeds whether or not each element is there.
-    PendingNft::start(
-        "withdraw the sandbox's port",
-        &format!(
-            "add element bridge {TABLE} ports {{ {port} }}\ndelete element bridge {TABLE} ports {{ {port} }}\n\
-             add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
-        ),
-    )
+    let mut script = format!(
+        "add element bridge {TABLE} ports {{ {port} }}\ndelete element bridge {TABLE} ports {{ {port} }}\n\
+         add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
+    );
+    script.push_str(&egress_script(ip, &EgressRules::default()));
+    PendingNft::start("withdraw the sandbox's port", &script)
+}
+
+/// Replaces the internet access and egress rules of the sandbox at `ip` in one nft transaction (a
+/// running sandbox's `update_network`): the old rules hold until the new ones do.
+pub fn set_network(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<(), FirewallError> {
+    let mut script = internet_script(ip, spec.allow_internet)?;
+    script.push_str(&egress_script(ip, &spec.egress));
+    nft("replace the sandbox's egress rules", &script)
+}
+
+/// Adds `ip` to set `internet`, or takes it out (add, then delete: either works whatever was there).
+fn internet_script(ip: Ipv4Addr, allow: bool) -> Result<String, FirewallError> {
+    if allow {
+        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
+        Ok(format!("add element ip {TABLE} internet {{ {ip} }}\n"))
+    } else {
+        Ok(format!(
+            "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
+        ))
+    }
+}
+
+/// The sandbox's own chain `eg-X-Y`, jumped to from chain `egress` through map `egress_rules` by
+/// source address: an `accept` per allowed network first (allow wins), then a `drop` per denied one.
+/// Empty rules remove the chain and its map element; adding before deleting makes either script
+/// succeed whatever was there before.
+fn egress_script(ip: Ipv4Addr, rules: &EgressRules) -> String {
+    let chain = super::veth_name("eg", ip);
+    let element = format!("{{ {ip} : jump {chain} }}");
+    let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
+    if rules.is_empty() {
+        script.push_str(&format!(
+            "add element ip {TABLE} egress_rules {element}\ndelete element ip {TABLE} egress_rules {element}\n\
+             delete chain ip {TABLE} {chain}\n"
+        ));
+        return script;
+    }
+    for cidr in &rules.allow {
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} ip daddr {cidr} accept\n"
+        ));
+    }
+    for cidr in &rules.deny {
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} ip daddr {cidr} drop\n"
+        ));
+    }
+    script.push_str(&format!("add element ip {TABLE} egress_rules {element}\n"));
+    script
 }
 
 /// Whether `ip` is currently allowed out.

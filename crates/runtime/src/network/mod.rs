@@ -3,6 +3,7 @@
 //! and NAT.
 
 pub mod addresses;
+pub mod egress;
 pub mod firewall;
 pub mod netlink;
 

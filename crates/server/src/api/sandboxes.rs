@@ -18,6 +18,7 @@ use super::AppState;
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
 use crate::store::{Millis, SandboxFilter, SandboxRecord};
+use warren_runtime::network::egress::EgressRules;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -147,8 +148,13 @@ fn create_request(
             unsupported.join(", ")
         )));
     }
+    let egress = match body.network.as_ref() {
+        Some(network) => egress_rules(network.allow_out.as_deref(), network.deny_out.as_deref())?,
+        None => EgressRules::default(),
+    };
     Ok(CreateRequest {
         team_id: key.team().to_string(),
+        egress,
         template,
         timeout: body.timeout,
         auto_pause: body.auto_pause.unwrap_or(false),
@@ -345,8 +351,9 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `PUT /sandboxes/{id}/network` (`Sandbox.update_network`): the sandbox must exist (404 otherwise);
-/// rules it asks for are refused by name until egress rules are enforced, an empty update is a no-op.
+/// `PUT /sandboxes/{id}/network` (`Sandbox.update_network`): replaces the sandbox's address rules
+/// (`allowOut` / `denyOut`) at once and atomically; what the server does not enforce yet is refused
+/// by name and nothing changes.
 async fn update_network(
     State(state): State<AppState>,
     key: Authenticated,
@@ -355,13 +362,29 @@ async fn update_network(
 ) -> Result<StatusCode, ApiError> {
     key.sandbox(&state, &id).await?;
     let asked = body.requested_fields();
-    if asked.is_empty() {
-        return Ok(StatusCode::NO_CONTENT);
+    if !asked.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "not supported by this server yet: {} (the sandbox's network is unchanged)",
+            asked.join(", ")
+        )));
     }
-    Err(ApiError::bad_request(format!(
-        "not supported by this server yet: {} (the sandbox's network is unchanged)",
-        asked.join(", ")
-    )))
+    let rules = egress_rules(body.allow_out.as_deref(), body.deny_out.as_deref())?;
+    state.lifecycle.set_egress(&id, rules).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `allowOut` / `denyOut` as address rules: IPs and CIDRs; a host name is a 400 naming it.
+fn egress_rules(
+    allow: Option<&[String]>,
+    deny: Option<&[String]>,
+) -> Result<EgressRules, ApiError> {
+    let parse = |which: &str, list: Option<&[String]>| {
+        EgressRules::parse_list(which, list.unwrap_or_default()).map_err(ApiError::bad_request)
+    };
+    Ok(EgressRules {
+        allow: parse("network.allowOut", allow)?,
+        deny: parse("network.denyOut", deny)?,
+    })
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

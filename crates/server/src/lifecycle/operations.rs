@@ -21,6 +21,7 @@ use crate::store::{
     Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, Store, StoreError,
     TemplateRecord, TransitionUpdate,
 };
+use warren_runtime::network::egress::{Cidr, EgressRules};
 
 /// User the agent runs commands as unless a request names another.
 const DEFAULT_USER: &str = "user";
@@ -95,6 +96,8 @@ pub struct CreateRequest {
     pub secure: bool,
     /// `network.allowPublicTraffic = false`: user ports need the traffic access token.
     pub private_traffic: bool,
+    /// `network.allowOut` / `denyOut` by address.
+    pub egress: EgressRules,
     pub allow_internet: Option<bool>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
@@ -337,12 +340,32 @@ impl Lifecycle {
                 disk_mib: record.disk_mib,
                 max_pids: self.config.default_resources.max_pids,
             },
-            network: warren_runtime::NetworkSpec {
-                allow_internet: record.allow_internet.unwrap_or(true),
-                raw_sockets: false,
-            },
+            network: network_spec(record),
             syscalls: Default::default(),
         }
+    }
+
+    /// Replaces a sandbox's egress rules (`PUT /sandboxes/{id}/network`): at once on a running one, at
+    /// its next resume on a paused one; kept in the store either way.
+    pub async fn set_egress(&self, id: &str, rules: EgressRules) -> Result<(), LifecycleError> {
+        let (_held, record) = self.lock_live(id).await?;
+        let updated = SandboxRecord {
+            egress: rules,
+            ..record.clone()
+        };
+        if record.state == SandboxState::Running {
+            let spec = network_spec(&updated);
+            let id_owned = id.to_string();
+            self.on_runtime(move |runtime| runtime.set_network(&id_owned, &spec))
+                .await
+                .map_err(|source| LifecycleError::Runtime {
+                    action: "set the egress rules of",
+                    id: id.to_string(),
+                    source,
+                })?;
+        }
+        self.store.set_sandbox_egress(id, &updated.egress).await?;
+        Ok(())
     }
 
     /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
@@ -458,6 +481,7 @@ impl Lifecycle {
             allow_internet: request.allow_internet,
             envd_access_token: request.secure.then(new_access_token),
             traffic_access_token: request.private_traffic.then(new_access_token),
+            egress: request.egress,
             ip: None,
             init_pid: None,
             pause_kind: None,
@@ -1109,6 +1133,32 @@ impl Lifecycle {
         if let (SandboxState::Running, Some(ip)) = (record.state, record.ip) {
             self.routes.set(&record.id, Some(Route::live(ip, record)));
         }
+    }
+}
+
+/// The runtime's network settings of `record`. E2B's model: `allow_internet_access: false` is a deny
+/// of everything, and allowed networks win over denied ones, so a sandbox without internet access but
+/// with allowed networks goes out for those only.
+fn network_spec(record: &SandboxRecord) -> warren_runtime::NetworkSpec {
+    let mut egress = record.egress.clone();
+    let internet = match record.allow_internet {
+        Some(false) if egress.allow.is_empty() => false,
+        Some(false) => {
+            let everything = Cidr {
+                network: std::net::Ipv4Addr::UNSPECIFIED,
+                prefix: 0,
+            };
+            if !egress.deny.contains(&everything) {
+                egress.deny.push(everything);
+            }
+            true
+        }
+        _ => true,
+    };
+    warren_runtime::NetworkSpec {
+        allow_internet: internet,
+        raw_sockets: false,
+        egress,
     }
 }
 

@@ -147,6 +147,8 @@ pub struct SandboxRecord {
     pub envd_access_token: Option<String>,
     /// Set for private sandboxes: the proxy's user ports need it (`e2b-traffic-access-token`).
     pub traffic_access_token: Option<String>,
+    /// Egress rules by address (`network.allowOut` / `denyOut`).
+    pub egress: warren_runtime::network::egress::EgressRules,
     pub ip: Option<Ipv4Addr>,
     pub init_pid: Option<u32>,
     pub pause_kind: Option<PauseKind>,
@@ -359,6 +361,12 @@ pub trait Store: Send + Sync {
         team_id: &str,
         key: &str,
         sandbox_id: &str,
+    ) -> Result<(), StoreError>;
+    /// Replaces a sandbox's egress rules.
+    async fn set_sandbox_egress(
+        &self,
+        id: &str,
+        egress: &warren_runtime::network::egress::EgressRules,
     ) -> Result<(), StoreError>;
     /// Drops the claim of a create that failed, so a retry may try again.
     async fn release_idempotency_key(&self, team_id: &str, key: &str) -> Result<(), StoreError>;

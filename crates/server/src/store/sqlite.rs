@@ -19,6 +19,7 @@ use super::{
     TeamRecord, TemplateRecord, TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
+use warren_runtime::network::egress::{Cidr, EgressRules};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -91,6 +92,43 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
         revoked_at: row.try_get("revoked_at")?,
         team_id: row.try_get("team_id")?,
         admin: row.try_get("admin")?,
+    })
+}
+
+/// `{"allow": [...], "deny": [...]}` of CIDR strings; None for no rules.
+fn egress_to_json(egress: &EgressRules) -> Option<String> {
+    if egress.is_empty() {
+        return None;
+    }
+    let list = |cidrs: &[Cidr]| cidrs.iter().map(Cidr::to_string).collect::<Vec<_>>();
+    Some(to_json(&serde_json::json!({
+        "allow": list(&egress.allow),
+        "deny": list(&egress.deny),
+    })))
+}
+
+fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, StoreError> {
+    let Some(text) = text else {
+        return Ok(EgressRules::default());
+    };
+    #[derive(serde::Deserialize)]
+    struct Stored {
+        allow: Vec<String>,
+        deny: Vec<String>,
+    }
+    let stored: Stored =
+        serde_json::from_str(&text).map_err(|e| corrupt("sandbox egress rules", id, e))?;
+    let parse = |list: &[String]| -> Result<Vec<Cidr>, StoreError> {
+        list.iter()
+            .map(|c| {
+                c.parse::<Cidr>()
+                    .map_err(|e| corrupt("sandbox egress rules", id, e))
+            })
+            .collect()
+    };
+    Ok(EgressRules {
+        allow: parse(&stored.allow)?,
+        deny: parse(&stored.deny)?,
     })
 }
 
@@ -176,6 +214,7 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         allow_internet: row.try_get("allow_internet")?,
         envd_access_token: row.try_get("envd_access_token")?,
         traffic_access_token: row.try_get("traffic_access_token")?,
+        egress: egress_from_json(&id, row.try_get("egress")?)?,
         ip,
         init_pid: row
             .try_get::<Option<i64>, _>("init_pid")?
@@ -280,6 +319,15 @@ impl Store for SqliteStore {
             .bind(sandbox_id)
             .bind(team_id)
             .bind(key)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn set_sandbox_egress(&self, id: &str, egress: &EgressRules) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET egress = ? WHERE id = ?")
+            .bind(egress_to_json(egress))
+            .bind(id)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -455,8 +503,8 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -482,6 +530,7 @@ impl Store for SqliteStore {
         .bind(s.updated_at)
         .bind(&s.team_id)
         .bind(&s.traffic_access_token)
+        .bind(egress_to_json(&s.egress))
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -751,6 +800,7 @@ mod tests {
             allow_internet: None,
             envd_access_token: None,
             traffic_access_token: None,
+            egress: EgressRules::default(),
             ip: None,
             init_pid: None,
             pause_kind: None,

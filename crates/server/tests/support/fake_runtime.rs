@@ -41,6 +41,9 @@ pub struct Recorded {
 }
 
 pub struct FakeRuntime {
+    /// The network `set_network` gave each sandbox last (create and restore ones are in the
+    /// recorded specs).
+    pub egress: Mutex<HashMap<String, warren_runtime::NetworkSpec>>,
     handle: tokio::runtime::Handle,
     checkpoint: bool,
     sandboxes: Mutex<HashMap<String, FakeSandbox>>,
@@ -60,6 +63,7 @@ impl FakeRuntime {
         Arc::new(FakeRuntime {
             handle: tokio::runtime::Handle::current(),
             checkpoint,
+            egress: Mutex::new(HashMap::new()),
             sandboxes: Mutex::new(HashMap::new()),
             recorded: Arc::new(Mutex::new(Recorded::default())),
             fail_create: AtomicBool::new(false),
@@ -320,6 +324,21 @@ impl Runtime for FakeRuntime {
     }
 
     fn kill_process(&self, _id: &str, _pid: u32, _signal: i32) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
+    fn set_network(
+        &self,
+        id: &str,
+        network: &warren_runtime::NetworkSpec,
+    ) -> Result<(), RuntimeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        self.egress
+            .lock()
+            .unwrap()
+            .insert(id.to_string(), network.clone());
         Ok(())
     }
 

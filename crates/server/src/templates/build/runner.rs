@@ -313,6 +313,7 @@ impl<'a> TemplateBuilder<'a> {
                     network: NetworkSpec {
                         allow_internet: self.settings.allow_internet,
                         raw_sockets: false,
+                        egress: Default::default(),
                     },
                     syscalls: Default::default(),
                 };
@@ -447,6 +448,7 @@ impl<'a> TemplateBuilder<'a> {
             network: NetworkSpec {
                 allow_internet: self.settings.allow_internet,
                 raw_sockets: false,
+                egress: Default::default(),
             },
             syscalls: Default::default(),
         };
@@ -651,6 +653,9 @@ mod tests {
             Ok(Vec::new())
         }
         fn kill_process(&self, _: &str, _: u32, _: i32) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+        fn set_network(&self, _: &str, _: &NetworkSpec) -> Result<(), RuntimeError> {
             Ok(())
         }
         fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {

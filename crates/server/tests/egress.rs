@@ -1,0 +1,136 @@
+//! Egress rules by address through the REST API on the fake runtime: what the runtime is told at
+//! create and on update, E2B's semantics (allow wins; no internet access = deny everything), and the
+//! refusals.
+
+mod support;
+
+use axum::http::{Method, StatusCode};
+use serde_json::json;
+use support::{assert_error, Harness};
+
+fn strings(cidrs: &[warren_runtime::network::egress::Cidr]) -> Vec<String> {
+    cidrs.iter().map(|c| c.to_string()).collect()
+}
+
+#[tokio::test]
+async fn address_rules_reach_the_runtime_with_e2b_semantics() {
+    let h = Harness::start(false, |_| {}).await;
+    // No internet access but an allowed network: out for that network only.
+    let created = h
+        .create(json!({
+            "templateID": "base",
+            "allow_internet_access": false,
+            "network": {"allowOut": ["198.51.100.0/24", "203.0.113.9"]}
+        }))
+        .await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let spec = h
+        .runtime
+        .recorded
+        .lock()
+        .unwrap()
+        .created
+        .last()
+        .cloned()
+        .unwrap();
+    assert!(
+        spec.network.allow_internet,
+        "allowed networks need the way out"
+    );
+    assert_eq!(
+        strings(&spec.network.egress.allow),
+        ["198.51.100.0/24", "203.0.113.9/32"]
+    );
+    assert_eq!(strings(&spec.network.egress.deny), ["0.0.0.0/0"]);
+
+    // A sandbox with internet and a deny list keeps internet for the rest.
+    h.create(json!({"templateID": "base", "network": {"denyOut": ["198.51.100.0/24"]}}))
+        .await;
+    let spec = h
+        .runtime
+        .recorded
+        .lock()
+        .unwrap()
+        .created
+        .last()
+        .cloned()
+        .unwrap();
+    assert!(spec.network.allow_internet);
+    assert!(spec.network.egress.allow.is_empty());
+    assert_eq!(strings(&spec.network.egress.deny), ["198.51.100.0/24"]);
+
+    // Without internet and without allowed networks: nothing to open later either.
+    let offline = h
+        .create(json!({"templateID": "base", "allow_internet_access": false}))
+        .await;
+    let offline_id = offline["sandboxID"].as_str().unwrap();
+    let spec = h
+        .runtime
+        .recorded
+        .lock()
+        .unwrap()
+        .created
+        .last()
+        .cloned()
+        .unwrap();
+    assert!(!spec.network.allow_internet && spec.network.egress.is_empty());
+    // Allowing a network later opens the way out for it alone.
+    let open = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{offline_id}/network"),
+            Some(json!({"allowOut": ["198.51.100.0/24"]})),
+        )
+        .await;
+    assert_eq!(open.status, StatusCode::NO_CONTENT);
+    let given = h.runtime.egress.lock().unwrap()[offline_id].clone();
+    assert!(given.allow_internet);
+    assert_eq!(strings(&given.egress.deny), ["0.0.0.0/0"]);
+    let unsupported = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{offline_id}/network"),
+            Some(json!({"allowOut": ["*.example.com"]})),
+        )
+        .await;
+    assert_error(&unsupported, StatusCode::BAD_REQUEST, "host names");
+
+    // An update of the first sandbox keeps E2B's meaning: its deny-everything stays.
+    let update = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{id}/network"),
+            Some(json!({"allowOut": ["203.0.113.0/24"]})),
+        )
+        .await;
+    assert_eq!(update.status, StatusCode::NO_CONTENT);
+    let given = h.runtime.egress.lock().unwrap()[&id].egress.clone();
+    assert_eq!(strings(&given.allow), ["203.0.113.0/24"]);
+    assert_eq!(strings(&given.deny), ["0.0.0.0/0"]);
+    // Clearing the rules of a sandbox with internet gives it everything back.
+    let first_deny = h
+        .create(json!({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"]}}))
+        .await;
+    let open_id = first_deny["sandboxID"].as_str().unwrap();
+    let cleared = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{open_id}/network"),
+            Some(json!({"denyOut": []})),
+        )
+        .await;
+    assert_eq!(
+        cleared.status,
+        StatusCode::NO_CONTENT,
+        "{:?}",
+        cleared.json()
+    );
+    let given = h.runtime.egress.lock().unwrap()[open_id].clone();
+    assert!(given.allow_internet && given.egress.is_empty());
+
+    for sandbox in h.runtime.live_ids() {
+        h.api(Method::DELETE, &format!("/sandboxes/{sandbox}"), None)
+            .await;
+    }
+    h.server.stop().await.unwrap();
+}
