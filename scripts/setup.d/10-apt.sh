@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages Warren and its tests use.
 set -euo pipefail
-pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates)
+# dnsmasq-base: the DNS server the egress tests start in their own namespaces (no service is enabled).
+pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates dnsmasq-base)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -23,6 +23,17 @@ SERVER_START_WAIT_S = 120
 COMMAND_WAIT_S = 300
 
 
+# Addresses of the tests' own "internet" (a network namespace on a test-owned /29 of 198.18.0.0/15,
+# see test_egress_e2e.py): the host side, server A (also the DNS server) and server B.
+_third = 100 + os.getpid() % 100
+TEST_INTERNET = {
+    "local": f"198.18.{_third}.1",
+    "a": f"198.18.{_third}.2",
+    "b": f"198.18.{_third}.3",
+    "dns": f"198.18.{_third}.2",
+}
+
+
 def _target_dir() -> Path:
     return Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
 
@@ -159,6 +170,11 @@ def warren():
             str(agent_binary()),
             "--base-rootfs",
             str(base_rootfs()),
+            # The egress proxy resolves allowed host names with the DNS server of the tests' own
+            # "internet" (test_egress_e2e.py), which is made after the server starts: the server
+            # treats the networks the host is on at its start as always denied.
+            "--egress-resolver",
+            str(TEST_INTERNET["dns"]),
         ],
         stdout=subprocess.PIPE,
         stderr=log_file,

@@ -113,6 +113,15 @@ pub struct UpArgs {
     /// inside keeps the reduced capability set and seccomp filter either way.
     #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
     pub no_new_privs: bool,
+    /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
+    /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
+    /// sandbox, decides where an allowed name's connection goes (docs/network.md).
+    #[arg(
+        long = "egress-resolver",
+        env = "WARREN_EGRESS_RESOLVER",
+        value_delimiter = ','
+    )]
+    pub egress_resolvers: Vec<String>,
 }
 
 /// Where Warren keeps its database and sandboxes.

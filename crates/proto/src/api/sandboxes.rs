@@ -110,15 +110,12 @@ impl SandboxNetworkUpdate {
 }
 
 impl SandboxNetwork {
-    /// The JSON names of the fields that ask for what this server does not enforce yet (host-name
-    /// rules, DNS servers, the egress proxy, transforms), in the order the schema lists them.
-    /// `allowPublicTraffic` and address rules in `allowOut` / `denyOut` are supported.
+    /// The JSON names of the fields that ask for what this server does not enforce yet (the SOCKS5
+    /// egress proxy, transforms, a host mask, HTTPS ports), in the order the schema lists them.
+    /// `allowPublicTraffic`, `allowOut` / `denyOut` (addresses and host names) and `dnsServers` are
+    /// supported.
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        let set = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| !l.is_empty());
-        if set(&self.dns_servers) {
-            out.push("network.dnsServers");
-        }
         if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
             out.push("network.egressProxy");
         }
@@ -241,6 +238,9 @@ pub struct SandboxDetail {
     pub lifecycle: Option<SandboxLifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<PauseMode>,
+    /// The sandbox's egress rules and public-traffic setting, as they are enforced now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// One item of `GET /sandboxes` and `GET /v2/sandboxes`.

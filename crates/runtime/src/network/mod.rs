@@ -4,8 +4,10 @@
 
 pub mod addresses;
 pub mod egress;
+pub mod egress_proxy;
 pub mod firewall;
 pub mod netlink;
+pub mod requested_name;
 
 use std::net::Ipv4Addr;
 

@@ -18,7 +18,7 @@ use super::AppState;
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
 use crate::store::{Millis, SandboxFilter, SandboxRecord};
-use warren_runtime::network::egress::EgressRules;
+use warren_runtime::network::egress::{Cidr, EgressRules};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -110,6 +110,26 @@ fn detail(state: &AppState, record: &SandboxRecord) -> api::SandboxDetail {
             },
         }),
         pause_mode: (record.state == SandboxState::Paused).then_some(api::PauseMode::Full),
+        network: Some(network_detail(record)),
+    }
+}
+
+/// The `network` of a sandbox's detail: its rules as stored (the DNS servers it was given are among
+/// the allowed addresses), and whether its URLs are public.
+fn network_detail(record: &SandboxRecord) -> api::SandboxNetwork {
+    let egress = &record.egress;
+    let allow: Vec<String> = egress
+        .allow
+        .iter()
+        .map(ToString::to_string)
+        .chain(egress.allow_hosts.iter().map(ToString::to_string))
+        .collect();
+    let deny: Vec<String> = egress.deny.iter().map(ToString::to_string).collect();
+    api::SandboxNetwork {
+        allow_public_traffic: Some(record.traffic_access_token.is_none()),
+        allow_out: (!allow.is_empty()).then_some(allow),
+        deny_out: (!deny.is_empty()).then_some(deny),
+        ..api::SandboxNetwork::default()
     }
 }
 
@@ -149,7 +169,11 @@ fn create_request(
         )));
     }
     let egress = match body.network.as_ref() {
-        Some(network) => egress_rules(network.allow_out.as_deref(), network.deny_out.as_deref())?,
+        Some(network) => egress_rules(
+            network.allow_out.as_deref(),
+            network.deny_out.as_deref(),
+            network.dns_servers.as_deref(),
+        )?,
         None => EgressRules::default(),
     };
     Ok(CreateRequest {
@@ -368,22 +392,56 @@ async fn update_network(
             asked.join(", ")
         )));
     }
-    let rules = egress_rules(body.allow_out.as_deref(), body.deny_out.as_deref())?;
+    let rules = egress_rules(
+        body.allow_out.as_deref(),
+        body.deny_out.as_deref(),
+        body.dns_servers.as_deref(),
+    )?;
     state.lifecycle.set_egress(&id, rules).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `allowOut` / `denyOut` as address rules: IPs and CIDRs; a host name is a 400 naming it.
+/// Most `dnsServers` entries, as in E2B.
+const MAX_DNS_SERVERS: usize = 10;
+
+/// `allowOut` (addresses, CIDRs, host names, `*.domain` wildcards), `denyOut` (addresses and CIDRs)
+/// and `dnsServers` as egress rules; anything malformed is a 400 naming the field and the entry.
+/// As in E2B, the DNS servers are allowed (all traffic to them) only when `allowOut` names a host.
 fn egress_rules(
     allow: Option<&[String]>,
     deny: Option<&[String]>,
+    dns_servers: Option<&[String]>,
 ) -> Result<EgressRules, ApiError> {
-    let parse = |which: &str, list: Option<&[String]>| {
-        EgressRules::parse_list(which, list.unwrap_or_default()).map_err(ApiError::bad_request)
-    };
+    let (mut allow, allow_hosts) =
+        EgressRules::parse_allow("network.allowOut", allow.unwrap_or_default())
+            .map_err(ApiError::bad_request)?;
+    let deny = EgressRules::parse_list("network.denyOut", deny.unwrap_or_default())
+        .map_err(ApiError::bad_request)?;
+    let dns_servers = dns_servers.unwrap_or_default();
+    if dns_servers.len() > MAX_DNS_SERVERS {
+        return Err(ApiError::bad_request(format!(
+            "network.dnsServers has {} entries; at most {MAX_DNS_SERVERS}",
+            dns_servers.len()
+        )));
+    }
+    for server in dns_servers {
+        let ip: std::net::Ipv4Addr = server.trim().parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "network.dnsServers: {server:?} is not an IPv4 address"
+            ))
+        })?;
+        let cidr = Cidr {
+            network: ip,
+            prefix: 32,
+        };
+        if !allow_hosts.is_empty() && !allow.contains(&cidr) {
+            allow.push(cidr);
+        }
+    }
     Ok(EgressRules {
-        allow: parse("network.allowOut", allow)?,
-        deny: parse("network.denyOut", deny)?,
+        allow,
+        allow_hosts,
+        deny,
     })
 }
 

@@ -368,6 +368,23 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Gives an adopted sandbox its network rules again: nftables kept them across the restart, but
+    /// the egress proxy's host-name rules lived in the old process. Without this its allowed names
+    /// would be refused (the proxy fails closed), never wrongly allowed.
+    pub(crate) async fn reinstall_network(&self, record: &SandboxRecord) {
+        if record.egress.allow_hosts.is_empty() {
+            return;
+        }
+        let spec = network_spec(record);
+        let id = record.id.clone();
+        if let Err(error) = self
+            .on_runtime(move |runtime| runtime.set_network(&id, &spec))
+            .await
+        {
+            tracing::warn!(sandbox = %record.id, %error, "cannot reinstall the egress rules of an adopted sandbox");
+        }
+    }
+
     /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
     async fn template(
         &self,
@@ -1142,7 +1159,7 @@ impl Lifecycle {
 fn network_spec(record: &SandboxRecord) -> warren_runtime::NetworkSpec {
     let mut egress = record.egress.clone();
     let internet = match record.allow_internet {
-        Some(false) if egress.allow.is_empty() => false,
+        Some(false) if egress.allow.is_empty() && egress.allow_hosts.is_empty() => false,
         Some(false) => {
             let everything = Cidr {
                 network: std::net::Ipv4Addr::UNSPECIFIED,

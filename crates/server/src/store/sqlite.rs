@@ -19,7 +19,7 @@ use super::{
     TeamRecord, TemplateRecord, TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
-use warren_runtime::network::egress::{Cidr, EgressRules};
+use warren_runtime::network::egress::{Cidr, EgressRules, HostPattern};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -95,7 +95,8 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
     })
 }
 
-/// `{"allow": [...], "deny": [...]}` of CIDR strings; None for no rules.
+/// `{"allow": [...], "allowHosts": [...], "deny": [...]}` of CIDR and host-pattern strings; None
+/// for no rules.
 fn egress_to_json(egress: &EgressRules) -> Option<String> {
     if egress.is_empty() {
         return None;
@@ -103,6 +104,7 @@ fn egress_to_json(egress: &EgressRules) -> Option<String> {
     let list = |cidrs: &[Cidr]| cidrs.iter().map(Cidr::to_string).collect::<Vec<_>>();
     Some(to_json(&serde_json::json!({
         "allow": list(&egress.allow),
+        "allowHosts": egress.allow_hosts.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "deny": list(&egress.deny),
     })))
 }
@@ -114,6 +116,8 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
     #[derive(serde::Deserialize)]
     struct Stored {
         allow: Vec<String>,
+        #[serde(default, rename = "allowHosts")]
+        allow_hosts: Vec<String>,
         deny: Vec<String>,
     }
     let stored: Stored =
@@ -126,8 +130,17 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
             })
             .collect()
     };
+    let allow_hosts = stored
+        .allow_hosts
+        .iter()
+        .map(|h| {
+            h.parse::<HostPattern>()
+                .map_err(|e| corrupt("sandbox egress rules", id, e))
+        })
+        .collect::<Result<_, _>>()?;
     Ok(EgressRules {
         allow: parse(&stored.allow)?,
+        allow_hosts,
         deny: parse(&stored.deny)?,
     })
 }
