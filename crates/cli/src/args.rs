@@ -122,6 +122,14 @@ pub struct UpArgs {
         value_delimiter = ','
     )]
     pub egress_resolvers: Vec<String>,
+    /// CA certificate (PEM file; repeat for more) the egress proxy trusts, besides the host's trust
+    /// store, when it connects to hosts whose requests get header rules (`network.rules`).
+    #[arg(
+        long = "egress-upstream-ca",
+        env = "WARREN_EGRESS_UPSTREAM_CA",
+        value_delimiter = ','
+    )]
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 /// Where Warren keeps its database and sandboxes.

@@ -40,6 +40,9 @@ pub struct LinuxRuntimeConfig {
     /// DNS servers the egress proxy resolves allowed host names with; empty: the host's
     /// `/etc/resolv.conf`.
     pub egress_resolvers: Vec<std::net::SocketAddr>,
+    /// CA certificates (PEM files) the egress proxy trusts, besides the host's trust store, when it
+    /// connects to a host whose requests get header rules.
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -57,6 +60,7 @@ impl Default for LinuxRuntimeConfig {
             raise_kernel_limits: true,
             egress_proxy_port: 49090,
             egress_resolvers: Vec::new(),
+            egress_upstream_ca: Vec::new(),
         }
     }
 }

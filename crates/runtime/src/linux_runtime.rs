@@ -101,6 +101,8 @@ impl LinuxRuntime {
             listen: SocketAddrV4::new(config.gateway, config.egress_proxy_port),
             resolvers: config.egress_resolvers.clone(),
             denied: firewall::always_denied(&config.bridge),
+            ca_dir: config.state_dir.join("egress-ca"),
+            upstream_ca: config.egress_upstream_ca.clone(),
         })
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
         let addresses = AddressPool::new(
@@ -738,12 +740,16 @@ impl Runtime for LinuxRuntime {
             .map_err(|e| RuntimeError::Other(format!("kill process {pid} in sandbox {id}: {e}")))
     }
 
+    fn egress_trust_anchor(&self) -> Option<String> {
+        Some(self.egress_proxy.ca_pem().to_string())
+    }
+
     fn set_network(&self, id: &str, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {
         let record = self.live_record(id)?;
         // The proxy gets the new names first when names are added (nft then starts redirecting to
         // it) and last when they go: at no point is a redirected connection judged by stale rules
         // that allow more than either the old or the new ones.
-        if !network.egress.allow_hosts.is_empty() {
+        if !network.egress.allow_hosts.is_empty() || !network.egress.header_rules.is_empty() {
             self.egress_proxy.set_rules(record.ip, &network.egress);
         }
         firewall::set_network(record.ip, network, self.egress_proxy.listen()).map_err(other)?;

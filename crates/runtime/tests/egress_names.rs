@@ -2,8 +2,9 @@
 //! over a deny-everything reaches exactly those names through the host's egress proxy, by HTTP `Host`
 //! and by TLS SNI, whatever address it aims at; every trick that would let the guest choose where a
 //! connection goes is tried and fails. The "internet" is a network namespace the test makes: two
-//! addresses on a test-owned /29 in 198.18.0.0/15, an HTTP and a TLS-shaped listener on each, and a
-//! dnsmasq of the test's own answering the names. No packet leaves the machine.
+//! addresses on a test-owned /29 in 198.18.0.0/15, an HTTP and a TLS-shaped listener on each, a third
+//! address with a real HTTPS server (a CA of the test's own) for the header rules, and a dnsmasq of
+//! the test's own answering the names. No packet leaves the machine.
 
 mod common;
 
@@ -13,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use warren_runtime::network::egress::{Cidr, EgressRules};
+use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule};
 use warren_runtime::network::requested_name::{self, Requested};
 use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, NetworkSpec, Runtime, Sandbox};
 
@@ -41,22 +42,25 @@ struct Internet {
     name: String,
     a: Ipv4Addr,
     b: Ipv4Addr,
+    /// api.allowed.test: a real HTTPS server (certificate from the test's own CA) and HTTP.
+    c: Ipv4Addr,
     seen: Arc<Mutex<Vec<Seen>>>,
     dns: Option<Child>,
 }
 
 impl Internet {
-    fn plan() -> (Ipv4Addr, Ipv4Addr, Ipv4Addr) {
+    fn plan() -> (Ipv4Addr, Ipv4Addr, Ipv4Addr, Ipv4Addr) {
         let third = (std::process::id() % 250) as u8;
         (
             Ipv4Addr::new(198, 18, third, 1),
             Ipv4Addr::new(198, 18, third, 2),
             Ipv4Addr::new(198, 18, third, 3),
+            Ipv4Addr::new(198, 18, third, 4),
         )
     }
 
-    fn create() -> Internet {
-        let (local, a, b) = Internet::plan();
+    fn create(tls: Arc<rustls::ServerConfig>) -> Internet {
+        let (local, a, b, c) = Internet::plan();
         let name = format!("wt-inet-{}", std::process::id());
         let link = format!("wti{}", std::process::id() % 100_000);
         host("ip", &["netns", "add", &name]);
@@ -64,6 +68,7 @@ impl Internet {
             name: name.clone(),
             a,
             b,
+            c,
             seen: Arc::new(Mutex::new(Vec::new())),
             dns: None,
         };
@@ -75,7 +80,7 @@ impl Internet {
         );
         host("ip", &["addr", "add", &format!("{local}/29"), "dev", &link]);
         host("ip", &["link", "set", &link, "up"]);
-        for ip in [a, b] {
+        for ip in [a, b, c] {
             host(
                 "ip",
                 &[
@@ -93,14 +98,16 @@ impl Internet {
         host("ip", &["-n", &name, "link", "set", "lo", "up"]);
         for ip in [a, b] {
             for port in [80, 443, 8080] {
-                internet.listen(ip, port);
+                internet.listen(ip, port, None);
             }
         }
+        internet.listen(c, 80, None);
+        internet.listen(c, 443, Some(tls));
         internet.start_dns();
         internet
     }
 
-    fn listen(&self, ip: Ipv4Addr, port: u16) {
+    fn listen(&self, ip: Ipv4Addr, port: u16, tls: Option<Arc<rustls::ServerConfig>>) {
         let ns = std::fs::File::open(format!("/run/netns/{}", self.name)).unwrap();
         let listener = warren_runtime::namespaces::run_in(
             &ns,
@@ -114,7 +121,18 @@ impl Internet {
             for stream in listener.incoming() {
                 let Ok(mut stream) = stream else { continue };
                 let seen = Arc::clone(&seen);
-                std::thread::spawn(move || serve(&mut stream, ip, port, &seen));
+                let tls = tls.clone();
+                std::thread::spawn(move || match tls {
+                    None => serve(&mut stream, ip, port, &seen),
+                    Some(config) => {
+                        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+                        let Ok(connection) = rustls::ServerConnection::new(config) else {
+                            return;
+                        };
+                        let mut tls = rustls::StreamOwned::new(connection, stream);
+                        serve(&mut tls, ip, port, &seen);
+                    }
+                });
             }
         });
     }
@@ -140,6 +158,7 @@ impl Internet {
             .arg(format!("--address=/allowed.test/{}", self.a))
             .arg(format!("--address=/wild.test/{}", self.a))
             .arg(format!("--address=/other.test/{}", self.b))
+            .arg(format!("--address=/api.allowed.test/{}", self.c))
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -177,8 +196,7 @@ impl Drop for Internet {
 
 /// Records what the connection asked for; answers HTTP with `served-by <ip>`, anything else with a
 /// line that is not TLS (the test only needs to see the ClientHello arrive).
-fn serve(stream: &mut std::net::TcpStream, ip: Ipv4Addr, port: u16, seen: &Mutex<Vec<Seen>>) {
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+fn serve(stream: &mut (impl Read + Write), ip: Ipv4Addr, port: u16, seen: &Mutex<Vec<Seen>>) {
     let mut head = Vec::new();
     let mut chunk = [0u8; 4096];
     let asked = loop {
@@ -202,7 +220,18 @@ fn serve(stream: &mut std::net::TcpStream, ip: Ipv4Addr, port: u16, seen: &Mutex
         at: SocketAddr::from((ip, port)),
         asked,
     });
-    let body = format!("served-by {ip}");
+    // The request's Authorization header, if any, is echoed: where header rules are checked.
+    let mut headers = [httparse::EMPTY_HEADER; 64];
+    let mut request = httparse::Request::new(&mut headers);
+    let auth = match request.parse(&head) {
+        Ok(_) => request
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case("authorization"))
+            .map(|h| format!(" auth={}", String::from_utf8_lossy(h.value))),
+        Err(_) => None,
+    };
+    let body = format!("served-by {ip}{}", auth.unwrap_or_default());
     let reply = if head.first() == Some(&0x16) {
         format!("{body}\n")
     } else {
@@ -245,6 +274,7 @@ fn rules(allow: &[&str], deny: &[&str]) -> EgressRules {
         allow: cidrs,
         allow_hosts: hosts,
         deny: deny.iter().map(|d| d.parse::<Cidr>().unwrap()).collect(),
+        header_rules: vec![],
     }
 }
 
@@ -255,17 +285,23 @@ fn host_name_rules_reach_only_the_allowed_names_whatever_the_guest_claims() {
     };
     // The runtime first, then the internet: the runtime's always-denied list is the host's networks
     // at its start, and the test's /29 must not be among them.
-    let (_, dns_ip, _) = Internet::plan();
+    let (_, dns_ip, _, _) = Internet::plan();
+    let (upstream_ca, api_tls) = test_pki("api.allowed.test");
+    let state_dir = common::state_dir("egress-names");
+    std::fs::create_dir_all(&state_dir).unwrap();
+    let upstream_ca_file = state_dir.join("test-upstream-ca.pem");
+    std::fs::write(&upstream_ca_file, upstream_ca).unwrap();
     let runtime = LinuxRuntime::new(LinuxRuntimeConfig {
-        state_dir: common::state_dir("egress-names"),
+        state_dir,
         agent_binary: common::test_agent(),
         supervisor_binary: Some(env!("CARGO_BIN_EXE_warren-supervisor").into()),
         egress_resolvers: vec![SocketAddr::from((dns_ip, 53))],
+        egress_upstream_ca: vec![upstream_ca_file],
         ..LinuxRuntimeConfig::default()
     })
     .expect("runtime");
-    let internet = Internet::create();
-    let (a, b) = (internet.a, internet.b);
+    let internet = Internet::create(api_tls);
+    let (a, b, c) = (internet.a, internet.b, internet.c);
 
     let mut spec = common::spec("wt-names", vec![base], common::resources());
     spec.network = NetworkSpec {
@@ -354,4 +390,88 @@ fn host_name_rules_reach_only_the_allowed_names_whatever_the_guest_claims() {
     assert!(!host("nft", &["list", "table", "ip", "warren"]).contains(&chain));
     let out = http(&sandbox, b, 80, "other.test");
     assert!(!out.contains("served-by"), "{out}");
+
+    // Header rules: the secret is set by the proxy on requests to api.allowed.test (over HTTPS with
+    // the host's egress CA, which the sandbox trusts, and over HTTP), replacing what the sandbox
+    // sent, and is nowhere inside the sandbox.
+    let secret = "Bearer s3cret-from-the-host";
+    network.egress = EgressRules {
+        header_rules: vec![HeaderRule {
+            pattern: "api.allowed.test".parse().unwrap(),
+            headers: vec![("Authorization".into(), secret.into())],
+        }],
+        ..rules(&["api.allowed.test"], &["0.0.0.0/0"])
+    };
+    runtime.set_network(&sandbox.id, &network).expect("update");
+    let ca = runtime
+        .egress_trust_anchor()
+        .expect("the runtime has an egress CA");
+    // The test agent takes one line: the PEM goes in as hex.
+    let hex: String = ca.bytes().map(|byte| format!("{byte:02x}")).collect();
+    exec(
+        &sandbox,
+        &format!("python3 -c \"open('/tmp/egress-ca.pem', 'wb').write(bytes.fromhex('{hex}'))\""),
+    );
+    let https = |host_header: &str| {
+        exec(
+            &sandbox,
+            &format!(
+                "curl -s -S -m 5 --cacert /tmp/egress-ca.pem --resolve api.allowed.test:443:{b} \
+                 -H 'Authorization: from-the-sandbox' -H 'Host: {host_header}' \
+                 -w ' status=%{{http_code}}' https://api.allowed.test/ 2>&1"
+            ),
+        )
+    };
+    let out = https("api.allowed.test");
+    assert_eq!(
+        out,
+        format!("served-by {c} auth={secret} status=200"),
+        "{out}"
+    );
+    // A request on that connection for another host is refused, so the secret never goes with it.
+    let out = https("other.test");
+    assert!(out.ends_with("status=421"), "{out}");
+    let out = exec(
+        &sandbox,
+        &format!(
+            "curl -s -S -m 5 -H 'Host: api.allowed.test' -H 'Authorization: x' http://{b}/ 2>&1"
+        ),
+    );
+    assert_eq!(out, format!("served-by {c} auth={secret}"), "{out}");
+    // Names without rules are relayed untouched (and still by the address rules: denied here).
+    let out = http(&sandbox, a, 80, "allowed.test");
+    assert!(out.contains("not allowed"), "{out}");
+    let (found, code) = common::exec(
+        &sandbox,
+        "grep -rsl s3cret-from-the-host /etc /tmp /root /home /proc/self/environ /proc/1/environ",
+    );
+    assert_ne!(code, 0, "the secret is inside the sandbox: {found}");
+}
+
+/// A CA of the test's own and TLS settings for `name` signed by it: (CA PEM, server settings).
+fn test_pki(name: &str) -> (String, Arc<rustls::ServerConfig>) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "warren test upstream CA");
+    let ca = ca_params.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let leaf = rcgen::CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![leaf.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    (ca.pem(), Arc::new(config))
 }

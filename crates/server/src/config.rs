@@ -41,6 +41,9 @@ pub struct ServerConfig {
     /// DNS servers the egress proxy resolves allowed host names with (empty: the host's
     /// `/etc/resolv.conf`; `warren_runtime::LinuxRuntimeConfig::egress_resolvers`).
     pub egress_resolvers: Vec<SocketAddr>,
+    /// CA certificates (PEM files) the egress proxy trusts besides the host's trust store
+    /// (`warren_runtime::LinuxRuntimeConfig::egress_upstream_ca`).
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -126,6 +129,7 @@ impl ServerConfig {
             expedite_rcu: true,
             no_new_privs: false,
             egress_resolvers: Vec::new(),
+            egress_upstream_ca: Vec::new(),
         }
     }
 

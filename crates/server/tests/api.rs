@@ -146,8 +146,8 @@ async fn bad_requests_get_the_right_status() {
     // MCP, IAM and fields it does not know.
     for (body, named) in [
         (
-            json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test:1080"}, "rules": {"x": []}}}),
-            "network.egressProxy, network.rules",
+            json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test:1080"}, "maskRequestHost": "${PORT}-x.test"}}),
+            "network.egressProxy, network.maskRequestHost",
         ),
         (
             json!({"templateID": "base", "network": {"allowOut": ["api example.com"]}}),
@@ -226,10 +226,12 @@ async fn bad_requests_get_the_right_status() {
         .api(
             Method::PUT,
             &format!("/sandboxes/{id}/network"),
-            Some(json!({"allowOut": ["api.example.com"], "rules": {"api.example.com": []}})),
+            Some(
+                json!({"allowOut": ["api.example.com"], "egressProxy": {"address": "p.test:1080"}}),
+            ),
         )
         .await;
-    assert_error(&unsupported, StatusCode::BAD_REQUEST, "network.rules");
+    assert_error(&unsupported, StatusCode::BAD_REQUEST, "network.egressProxy");
     assert_eq!(
         h.runtime
             .egress

@@ -155,6 +155,82 @@ async fn address_rules_reach_the_runtime_with_e2b_semantics() {
     let unchanged = h.runtime.egress.lock().unwrap()[offline_id].clone();
     assert_eq!(unchanged, given);
 
+    // Header rules reach the runtime with their values; GET names the headers, never the values.
+    let secret = "Bearer never-shown";
+    let with_rules = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{offline_id}/network"),
+            Some(json!({
+                "allowOut": ["api.example.com"],
+                "rules": {"api.example.com": [
+                    {"transform": {"headers": {"Authorization": "Bearer first"}}},
+                    {"transform": {"headers": {"authorization": secret, "X-Team": "blue"}}}
+                ]}
+            })),
+        )
+        .await;
+    assert_eq!(
+        with_rules.status,
+        StatusCode::NO_CONTENT,
+        "{:?}",
+        with_rules.json()
+    );
+    let given = h.runtime.egress.lock().unwrap()[offline_id].clone();
+    assert_eq!(given.egress.header_rules.len(), 1);
+    // The later rule's header wins over an earlier one of the same name (names are not
+    // case-sensitive); the order of different headers does not matter.
+    let mut headers = given.egress.header_rules[0].headers.clone();
+    headers.sort();
+    assert_eq!(
+        headers,
+        [
+            ("X-Team".to_string(), "blue".to_string()),
+            ("authorization".to_string(), secret.to_string()),
+        ]
+    );
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{offline_id}"), None)
+        .await;
+    let text = String::from_utf8_lossy(&detail.body).into_owned();
+    assert!(
+        !text.contains("never-shown"),
+        "GET shows the secret: {text}"
+    );
+    assert_eq!(
+        detail.json()["network"]["rules"]["api.example.com"][0]["transform"]["headers"]
+            ["authorization"],
+        json!("[redacted]")
+    );
+    for (rules, needle) in [
+        (
+            json!(["api.example.com"]),
+            "network.rules must be an object",
+        ),
+        (json!({"*": []}), "network.rules"),
+        (
+            json!({"a.test": [{"transform": {"body": "x"}}]}),
+            "only headers",
+        ),
+        (
+            json!({"a.test": [{"transform": {"headers": {"X": "a\nb"}}}]}),
+            "not valid",
+        ),
+        (
+            json!({"a.test": [{"transform": {"headers": {"bad header": "v"}}}]}),
+            "valid header name",
+        ),
+    ] {
+        let refused = h
+            .api(
+                Method::PUT,
+                &format!("/sandboxes/{offline_id}/network"),
+                Some(json!({"rules": rules})),
+            )
+            .await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, needle);
+    }
+
     // An update of the first sandbox keeps E2B's meaning: its deny-everything stays.
     let update = h
         .api(

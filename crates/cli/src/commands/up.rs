@@ -82,6 +82,7 @@ fn server_config(
     }
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
+    config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config
 }
 

@@ -111,9 +111,9 @@ impl SandboxNetworkUpdate {
 
 impl SandboxNetwork {
     /// The JSON names of the fields that ask for what this server does not enforce yet (the SOCKS5
-    /// egress proxy, transforms, a host mask, HTTPS ports), in the order the schema lists them.
-    /// `allowPublicTraffic`, `allowOut` / `denyOut` (addresses and host names) and `dnsServers` are
-    /// supported.
+    /// egress proxy, a host mask, HTTPS ports), in the order the schema lists them.
+    /// `allowPublicTraffic`, `allowOut` / `denyOut` (addresses and host names), `dnsServers` and
+    /// `rules` (header transforms) are supported.
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
@@ -124,9 +124,6 @@ impl SandboxNetwork {
         }
         if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
             out.push("network.httpsPorts");
-        }
-        if self.rules.as_ref().is_some_and(|v| !v.is_null()) {
-            out.push("network.rules");
         }
         out
     }
@@ -351,4 +348,12 @@ pub struct EnvdInit {
     /// Host clock, so the sandbox can fix its own after a restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<DateTime<Utc>>,
+    /// Warren's own: a CA certificate (PEM) the agent adds to the sandbox's trust store (the host's
+    /// egress CA, for header rules over HTTPS).
+    #[serde(
+        default,
+        rename = "warrenTrustedCA",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub warren_trusted_ca: Option<String>,
 }

@@ -168,6 +168,15 @@ impl fmt::Display for HostPattern {
     }
 }
 
+/// Headers the egress proxy sets on every HTTP request to the hosts `pattern` matches (E2B's
+/// `network.rules` with `transform.headers`): a header of the same name the sandbox sent is replaced.
+/// The values are how a secret is used without ever being inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderRule {
+    pub pattern: HostPattern,
+    pub headers: Vec<(String, String)>,
+}
+
 /// What a sandbox may reach beyond the host ruleset's defaults. Empty: everything its internet access
 /// allows.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -177,16 +186,45 @@ pub struct EgressRules {
     /// proxy, when their addresses would otherwise be denied.
     pub allow_hosts: Vec<HostPattern>,
     pub deny: Vec<Cidr>,
+    /// Header transforms by host; they grant nothing by themselves.
+    pub header_rules: Vec<HeaderRule>,
 }
 
 impl EgressRules {
     pub fn is_empty(&self) -> bool {
-        self.allow.is_empty() && self.allow_hosts.is_empty() && self.deny.is_empty()
+        self.allow.is_empty()
+            && self.allow_hosts.is_empty()
+            && self.deny.is_empty()
+            && self.header_rules.is_empty()
     }
 
     /// Whether `name` is allowed by one of the host patterns.
     pub fn allows_host(&self, name: &str) -> bool {
         self.allow_hosts.iter().any(|pattern| pattern.matches(name))
+    }
+
+    /// Whether a connection to `ip` is allowed by the address rules (allow wins over deny).
+    pub fn allows_address(&self, ip: Ipv4Addr) -> bool {
+        self.allow.iter().any(|cidr| cidr.contains(ip))
+            || !self.deny.iter().any(|cidr| cidr.contains(ip))
+    }
+
+    /// The headers to set on requests to `name`, as E2B picks them: an exact pattern first, then the
+    /// longest matching wildcard; rule sets are not merged.
+    pub fn headers_for(&self, name: &str) -> Option<&[(String, String)]> {
+        let exact = self.header_rules.iter().find(|rule| {
+            matches!(rule.pattern, HostPattern::Exact(_)) && rule.pattern.matches(name)
+        });
+        let best = exact.or_else(|| {
+            self.header_rules
+                .iter()
+                .filter(|rule| rule.pattern.matches(name))
+                .max_by_key(|rule| match &rule.pattern {
+                    HostPattern::Below(domain) => domain.len(),
+                    HostPattern::Exact(_) => usize::MAX,
+                })
+        });
+        best.map(|rule| rule.headers.as_slice())
     }
 
     /// Parses E2B's `allowOut`: addresses and CIDRs, and host names; `which` names the field in
@@ -339,6 +377,37 @@ mod tests {
             let error = EgressRules::parse_allow("network.allowOut", &[bad.into()]).unwrap_err();
             assert!(error.starts_with("network.allowOut: "), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn header_rules_pick_the_exact_name_then_the_longest_wildcard() {
+        let rule = |pattern: &str, value: &str| HeaderRule {
+            pattern: pattern.parse().unwrap(),
+            headers: vec![("Authorization".into(), value.into())],
+        };
+        let rules = EgressRules {
+            header_rules: vec![
+                rule("*.example.com", "wide"),
+                rule("*.api.example.com", "narrow"),
+                rule("api.example.com", "exact"),
+            ],
+            ..EgressRules::default()
+        };
+        let value = |name: &str| rules.headers_for(name).map(|h| h[0].1.clone());
+        assert_eq!(value("api.example.com").as_deref(), Some("exact"));
+        assert_eq!(value("v1.api.example.com").as_deref(), Some("narrow"));
+        assert_eq!(value("www.example.com").as_deref(), Some("wide"));
+        assert_eq!(value("example.com"), None);
+        let everything: Cidr = "0.0.0.0/0".parse().unwrap();
+        let near: Cidr = "198.51.100.0/24".parse().unwrap();
+        let rules = EgressRules {
+            allow: vec![near],
+            deny: vec![everything],
+            ..EgressRules::default()
+        };
+        assert!(rules.allows_address(Ipv4Addr::new(198, 51, 100, 9)));
+        assert!(!rules.allows_address(Ipv4Addr::new(203, 0, 113, 9)));
+        assert!(EgressRules::default().allows_address(Ipv4Addr::new(203, 0, 113, 9)));
     }
 
     #[test]

@@ -34,7 +34,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::egress::{Cidr, EgressRules};
+use super::egress_ca::EgressCa;
+use super::egress_intercept::{intercept, upstream_tls, Interception, Prefixed};
 use super::requested_name::{self, Requested, MAX_HEAD};
+use std::path::PathBuf;
 
 /// How long a client has to send the name it asks for, and the proxy to reach the server.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +56,10 @@ pub enum EgressProxyError {
     Resolver(#[source] hickory_resolver::ResolveError),
     #[error("an egress proxy with other resolvers already listens on {0} in this process")]
     OtherSettings(SocketAddrV4),
+    #[error("the egress proxy's CA")]
+    Ca(#[source] super::egress_ca::EgressCaError),
+    #[error("the egress proxy's TLS client settings: {0}")]
+    UpstreamTls(String),
 }
 
 /// The proxies this process runs, by listening address: runtimes of one process (tests make many)
@@ -70,11 +77,18 @@ pub struct EgressProxyConfig {
     pub resolvers: Vec<SocketAddr>,
     /// Addresses it never connects to (the host ruleset's always-denied ranges).
     pub denied: Vec<Cidr>,
+    /// Where the host's egress CA is kept ([`super::egress_ca`]).
+    pub ca_dir: PathBuf,
+    /// CA certificates (PEM files) trusted for the proxy's own HTTPS connections besides the host's
+    /// trust store.
+    pub upstream_ca: Vec<PathBuf>,
 }
 
 struct Shared {
     rules: RwLock<HashMap<Ipv4Addr, EgressRules>>,
     denied: Vec<Cidr>,
+    ca: EgressCa,
+    upstream_tls: Arc<rustls::ClientConfig>,
 }
 
 /// A running proxy (one per runtime, on a thread of its own); dropping the handle leaves it running
@@ -90,7 +104,8 @@ impl EgressProxy {
     pub fn start(config: EgressProxyConfig) -> Result<EgressProxy, EgressProxyError> {
         let mut running = RUNNING.lock().unwrap_or_else(|e| e.into_inner());
         if let Some((existing, shared)) = running.iter().find(|(c, _)| c.listen == config.listen) {
-            if existing.resolvers != config.resolvers {
+            if existing.resolvers != config.resolvers || existing.upstream_ca != config.upstream_ca
+            {
                 return Err(EgressProxyError::OtherSettings(config.listen));
             }
             return Ok(EgressProxy {
@@ -106,6 +121,10 @@ impl EgressProxy {
         let shared = Arc::new(Shared {
             rules: RwLock::new(HashMap::new()),
             denied: config.denied.clone(),
+            ca: EgressCa::load_or_create(&config.ca_dir).map_err(EgressProxyError::Ca)?,
+            upstream_tls: Arc::new(
+                upstream_tls(&config.upstream_ca).map_err(EgressProxyError::UpstreamTls)?,
+            ),
         });
         let serving = Arc::clone(&shared);
         std::thread::Builder::new()
@@ -135,12 +154,17 @@ impl EgressProxy {
         self.listen
     }
 
+    /// The CA certificate (PEM) a sandbox with header rules must trust.
+    pub fn ca_pem(&self) -> &str {
+        self.shared.ca.cert_pem()
+    }
+
     /// Installs (or, for rules without host names, removes) the rules of the sandbox at `ip`.
     pub fn set_rules(&self, ip: Ipv4Addr, rules: &EgressRules) {
         let Ok(mut map) = self.shared.rules.write() else {
             return;
         };
-        if rules.allow_hosts.is_empty() {
+        if rules.allow_hosts.is_empty() && rules.header_rules.is_empty() {
             map.remove(&ip);
         } else {
             map.insert(ip, rules.clone());
@@ -249,7 +273,9 @@ async fn relay(
         .ok()
         .and_then(|map| map.get(&source).cloned())
         .ok_or_else(|| refuse(None, "no host-name rules for this source"))?;
-    let port = original_port(&client).map_err(|e| refuse(None, format!("original port: {e}")))?;
+    let original = original_destination(&client)
+        .map_err(|e| refuse(None, format!("original destination: {e}")))?;
+    let port = original.port();
     let tls = match port {
         443 => true,
         80 => false,
@@ -261,7 +287,22 @@ async fn relay(
             Ok(Err(reason)) => return Err(refuse(None, reason)),
             Err(_) => return Err(refuse(None, "no name within the handshake timeout")),
         };
-    if !rules.allows_host(&name) {
+    let by_name = rules.allows_host(&name);
+    let headers = rules.headers_for(&name).map(<[(String, String)]>::to_vec);
+    // Where the connection goes: what the proxy resolves the name to whenever the name matters (it
+    // is allowed by name, or its requests get headers: a secret never goes to an address the guest
+    // chose); otherwise the address the guest connected to, which its address rules must allow.
+    let target = if by_name || headers.is_some() {
+        tokio::time::timeout(HANDSHAKE_TIMEOUT, resolve(resolver, &name, &shared.denied))
+            .await
+            .map_err(|_| refuse(Some(&name), "resolving timed out"))?
+            .map_err(|reason| refuse(Some(&name), reason))?
+    } else {
+        *original.ip()
+    };
+    let by_address =
+        rules.allows_address(target) && !shared.denied.iter().any(|cidr| cidr.contains(target));
+    if !by_name && !by_address {
         if !tls {
             let _ = client
                 .write_all(
@@ -275,10 +316,29 @@ async fn relay(
         }
         return Err(refuse(Some(&name), "not in allowOut"));
     }
-    let target = tokio::time::timeout(HANDSHAKE_TIMEOUT, resolve(resolver, &name, &shared.denied))
+    if let Some(headers) = headers {
+        let tls = if tls {
+            let server = shared
+                .ca
+                .server_config(&name)
+                .map_err(|e| refuse(Some(&name), e.to_string()))?;
+            Some((server, Arc::clone(&shared.upstream_tls)))
+        } else {
+            None
+        };
+        tracing::debug!(sandbox = %source, %name, %target, port, "egress proxy adding headers");
+        return intercept(
+            Prefixed::new(head, client),
+            Interception {
+                name: name.clone(),
+                target: SocketAddr::from((target, port)),
+                headers,
+                tls,
+            },
+        )
         .await
-        .map_err(|_| refuse(Some(&name), "resolving timed out"))?
-        .map_err(|reason| refuse(Some(&name), reason))?;
+        .map_err(|reason| refuse(Some(&name), reason));
+    }
     let mut server = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect((target, port)))
         .await
         .map_err(|_| refuse(Some(&name), format!("connect to {target}:{port} timed out")))?
@@ -339,9 +399,12 @@ async fn resolve(
         .ok_or_else(|| format!("every address of the name is always denied: {addresses:?}"))
 }
 
-/// The destination port the client connected to before nftables redirected it here.
-fn original_port(stream: &TcpStream) -> io::Result<u16> {
+/// The address and port the client connected to before nftables redirected it here.
+fn original_destination(stream: &TcpStream) -> io::Result<SocketAddrV4> {
     let original = nix::sys::socket::getsockopt(stream, nix::sys::socket::sockopt::OriginalDst)
         .map_err(io::Error::from)?;
-    Ok(u16::from_be(original.sin_port))
+    Ok(SocketAddrV4::new(
+        Ipv4Addr::from(u32::from_be(original.sin_addr.s_addr)),
+        u16::from_be(original.sin_port),
+    ))
 }

@@ -579,6 +579,15 @@ pub(crate) fn egress_names_script(
     let chain = super::veth_name("en", ip);
     let element = format!("{{ {ip} : jump {chain} }}");
     let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
+    if !rules.header_rules.is_empty() {
+        // Requests to hosts with header rules must reach the proxy wherever the guest sends them
+        // (it cannot know their addresses); the proxy applies the address rules itself.
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} tcp dport {{ 80, 443 }} dnat to {proxy}\n\
+             add element ip {TABLE} egress_names {element}\n"
+        ));
+        return script;
+    }
     if rules.allow_hosts.is_empty() || rules.deny.is_empty() {
         script.push_str(&format!(
             "add element ip {TABLE} egress_names {element}\ndelete element ip {TABLE} egress_names {element}\n\
@@ -680,6 +689,7 @@ mod tests {
             allow: vec!["198.51.100.0/24".parse().unwrap()],
             allow_hosts: vec![HostPattern::Exact("api.example.com".into())],
             deny: vec![everything],
+            header_rules: vec![],
         };
         let script = egress_names_script(ip, &rules, proxy);
         let allowed = script
@@ -710,6 +720,20 @@ mod tests {
             );
             assert!(!script.contains("dnat"), "{script}");
         }
+        // Header rules send all web traffic to the proxy, which applies the address rules itself.
+        let with_headers = EgressRules {
+            header_rules: vec![crate::network::egress::HeaderRule {
+                pattern: HostPattern::Exact("api.example.com".into()),
+                headers: vec![("Authorization".into(), "Bearer x".into())],
+            }],
+            ..EgressRules::default()
+        };
+        let script = egress_names_script(ip, &with_headers, proxy);
+        assert!(
+            script.contains("en-1-2 tcp dport { 80, 443 } dnat to 10.77.0.1:49090"),
+            "{script}"
+        );
+        assert!(!script.contains("return"), "{script}");
     }
 
     #[test]

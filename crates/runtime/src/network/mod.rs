@@ -4,6 +4,8 @@
 
 pub mod addresses;
 pub mod egress;
+pub mod egress_ca;
+mod egress_intercept;
 pub mod egress_proxy;
 pub mod firewall;
 pub mod netlink;

@@ -363,6 +363,12 @@ impl Lifecycle {
                     id: id.to_string(),
                     source,
                 })?;
+            // New header rules over HTTPS need the egress CA trusted inside.
+            if let (false, Some(ip)) = (updated.egress.header_rules.is_empty(), updated.ip) {
+                let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
+                self.init_agent_at(&updated, addr, updated.envd_access_token.as_deref())
+                    .await?;
+            }
         }
         self.store.set_sandbox_egress(id, &updated.egress).await?;
         Ok(())
@@ -408,24 +414,40 @@ impl Lifecycle {
         sandbox: &Sandbox,
         previous_token: Option<&str>,
     ) -> Result<(), LifecycleError> {
+        self.init_agent_at(record, sandbox.agent_addr(), previous_token)
+            .await
+    }
+
+    /// `POST /init` to the agent at `addr` with what `record` gives it; a sandbox whose egress has
+    /// header rules also gets the host's egress CA to trust.
+    async fn init_agent_at(
+        &self,
+        record: &SandboxRecord,
+        addr: std::net::SocketAddr,
+        previous_token: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let trusted_ca = if record.egress.header_rules.is_empty() {
+            None
+        } else {
+            self.on_runtime(|runtime| Ok(runtime.egress_trust_anchor()))
+                .await
+                .ok()
+                .flatten()
+        };
         let body = EnvdInit {
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             default_user: Some(DEFAULT_USER.to_string()),
             default_workdir: None,
             timestamp: Some(chrono::Utc::now()),
+            warren_trusted_ca: trusted_ca,
         };
-        init_agent(
-            sandbox.agent_addr(),
-            &body,
-            previous_token,
-            self.config.agent_init_timeout,
-        )
-        .await
-        .map_err(|source| LifecycleError::AgentInit {
-            id: record.id.clone(),
-            source,
-        })
+        init_agent(addr, &body, previous_token, self.config.agent_init_timeout)
+            .await
+            .map_err(|source| LifecycleError::AgentInit {
+                id: record.id.clone(),
+                source,
+            })
     }
 
     /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the

@@ -19,7 +19,7 @@ use super::{
     TeamRecord, TemplateRecord, TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
-use warren_runtime::network::egress::{Cidr, EgressRules, HostPattern};
+use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -106,6 +106,10 @@ fn egress_to_json(egress: &EgressRules) -> Option<String> {
         "allow": list(&egress.allow),
         "allowHosts": egress.allow_hosts.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "deny": list(&egress.deny),
+        "headerRules": egress.header_rules.iter().map(|rule| serde_json::json!({
+            "host": rule.pattern.to_string(),
+            "headers": rule.headers,
+        })).collect::<Vec<_>>(),
     })))
 }
 
@@ -119,6 +123,13 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
         #[serde(default, rename = "allowHosts")]
         allow_hosts: Vec<String>,
         deny: Vec<String>,
+        #[serde(default, rename = "headerRules")]
+        header_rules: Vec<StoredHeaderRule>,
+    }
+    #[derive(serde::Deserialize)]
+    struct StoredHeaderRule {
+        host: String,
+        headers: Vec<(String, String)>,
     }
     let stored: Stored =
         serde_json::from_str(&text).map_err(|e| corrupt("sandbox egress rules", id, e))?;
@@ -138,10 +149,24 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
                 .map_err(|e| corrupt("sandbox egress rules", id, e))
         })
         .collect::<Result<_, _>>()?;
+    let header_rules = stored
+        .header_rules
+        .into_iter()
+        .map(|rule| {
+            Ok(HeaderRule {
+                pattern: rule
+                    .host
+                    .parse::<HostPattern>()
+                    .map_err(|e| corrupt("sandbox egress rules", id, e))?,
+                headers: rule.headers,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
     Ok(EgressRules {
         allow: parse(&stored.allow)?,
         allow_hosts,
         deny: parse(&stored.deny)?,
+        header_rules,
     })
 }
 
