@@ -2,6 +2,7 @@
 
 pub mod build;
 pub mod builds;
+pub mod images;
 
 use std::path::Path;
 
