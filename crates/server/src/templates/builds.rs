@@ -20,7 +20,7 @@ use super::BASE_TEMPLATE_ID;
 use crate::config::DefaultResources;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{SandboxFilter, Store, StoreError, TemplateRecord};
+use crate::store::{SandboxFilter, SnapshotFilter, Store, StoreError, TemplateRecord};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildsError {
@@ -323,7 +323,11 @@ impl TemplateBuilds {
             dockerfile: dockerfile.dockerfile.clone(),
             context,
         };
-        Ok(template.plan(&Default::default(), self.service.rootfs())?)
+        Ok(template.plan_with(
+            &Default::default(),
+            self.service.rootfs(),
+            self.service.images(),
+        )?)
     }
 
     fn put_back(&self, template_id: &str, build_id: &str, pending: PendingBuild) {
@@ -525,6 +529,33 @@ impl TemplateBuilds {
         };
         self.lock_pending().retain(|(t, _), _| t != &template.id);
         self.store.delete_template(&template.id).await?;
+        if live == 0 {
+            self.prune_unused_layers().await;
+        }
         Ok(())
+    }
+
+    /// Garbage-collects cached layers (image layers among them) that no template version and no
+    /// snapshot uses, after a template went away with no sandbox on it. Failures are logged: the
+    /// delete itself succeeded.
+    async fn prune_unused_layers(&self) {
+        let snapshots = match self.store.list_snapshots(&SnapshotFilter::default()).await {
+            Ok(snapshots) => snapshots,
+            Err(error) => {
+                tracing::warn!(%error, "listing snapshots for layer pruning; not pruning");
+                return;
+            }
+        };
+        let service = Arc::clone(&self.service);
+        let layer_paths: Vec<PathBuf> = snapshots.into_iter().flat_map(|s| s.layers).collect();
+        match tokio::task::spawn_blocking(move || service.prune_layers_if_idle(&layer_paths)).await
+        {
+            Ok(Ok(Some(removed))) if removed > 0 => {
+                tracing::info!(removed, "pruned layers no template or snapshot uses")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "pruning unused layers"),
+            Err(error) => tracing::warn!(%error, "pruning unused layers"),
+        }
     }
 }

@@ -1,0 +1,198 @@
+"""Templates from registry images, driven by the official SDK's `Template` builder against `warren up`.
+
+Registries are Debian's `docker-registry` on free loopback ports (one open, one behind htpasswd), the
+images are written by the test as OCI layouts (`oci_images.py`) and pushed with skopeo:
+
+- an Alpine-like image: static busybox, `/bin/sh`, no bash, only `root` in /etc/passwd;
+- a three-layer image on the same busybox layer: files deleted by a whiteout, a directory made opaque;
+- a multi-arch index (amd64 and arm64, each with a marker file), one amd64 layer zstd-compressed;
+- the busybox image in a private repository.
+
+Run under /tmp/privnet.sh (loopback is private there).
+"""
+
+import time
+from pathlib import Path
+
+import pytest
+
+from oci_images import LayerTar, OciLayout, Registry, busybox_layer, missing_tools
+
+PRIVATE_LOGIN = ("warren-e2e", "pw-Zq81-private")
+
+
+@pytest.fixture(scope="module")
+def registries(tmp_path_factory):
+    reason = missing_tools()
+    if reason:
+        pytest.skip(reason)
+    public = Registry()
+    private = Registry(auth=PRIVATE_LOGIN)
+    try:
+        layout = OciLayout(tmp_path_factory.mktemp("oci"))
+        base = busybox_layer()
+        busybox = layout.image([base])
+        layout.tag(busybox, "busybox")
+        public.push(layout, "busybox", "e2e/busybox:1")
+        private.push(layout, "busybox", "secret/busybox:1")
+
+        files = (
+            LayerTar()
+            .dir("opt")
+            .dir("opt/app")
+            .file("opt/app/keep", b"kept\n")
+            .file("opt/app/gone", b"deleted later\n")
+            .dir("opt/cache")
+            .file("opt/cache/old-1", b"1\n")
+            .file("opt/cache/old-2", b"2\n")
+            .bytes()
+        )
+        deletions = (
+            LayerTar()
+            .dir("opt")
+            .dir("opt/app")
+            .whiteout("opt/app/gone")
+            .dir("opt/cache")
+            .opaque("opt/cache")
+            .file("opt/cache/fresh", b"fresh\n")
+            .bytes()
+        )
+        layered = layout.image([base, files, deletions])
+        layout.tag(layered, "layered")
+        public.push(layout, "layered", "e2e/layered:1")
+
+        def arch_layer(arch):
+            return LayerTar().dir("etc").file("etc/warren-arch", f"{arch}\n".encode()).bytes()
+
+        amd64 = layout.image([base, arch_layer("amd64")], compression=["gzip", "zstd"])
+        arm64 = layout.image([base, arch_layer("arm64")], arch="arm64")
+        layout.tag(layout.index([arm64, amd64]), "multi")
+        public.push(layout, "multi", "e2e/multi:1", all_platforms=True)
+        yield public, private
+    finally:
+        public.stop()
+        private.stop()
+
+
+def build(template, alias):
+    from e2b import Template
+
+    logs = []
+    info = Template.build(template, alias=alias, on_build_logs=lambda e: logs.append(e.message))
+    return info, logs
+
+
+def image_layer_dirs(state_dir) -> list[Path]:
+    return sorted(p for p in (Path(state_dir) / "layers").glob("img-*") if (p / "layer.json").is_file())
+
+
+def test_busybox_image_runs_sdk_commands_as_user(warren, sdk_env, registries):
+    from e2b import Sandbox, Template
+
+    public, _ = registries
+    template = Template().from_image(f"{public.host}/e2e/busybox:1").run_cmd("echo built-by-$(id -un) > ~/built.txt")
+    info, logs = build(template, "wt-e2e-img-busybox")
+    assert any("created user user" in line for line in logs), logs
+    assert any("/bin/bash runs /bin/sh" in line for line in logs), logs
+    sandbox = Sandbox.create(template="wt-e2e-img-busybox", timeout=120)
+    try:
+        who = sandbox.commands.run("id -un; pwd; cat /etc/os-release; cat ~/built.txt")
+        assert who.stdout.split("\n")[:4] == ["user", "/home/user", "ID=warren-busybox", "built-by-user"], who
+        root = sandbox.commands.run("id -u", user="root")
+        assert root.stdout.strip() == "0"
+        sandbox.files.write("/home/user/note.txt", "from files api")
+        assert sandbox.commands.run("cat /home/user/note.txt").stdout == "from files api"
+    finally:
+        sandbox.kill()
+
+
+def test_whiteouts_and_opaque_dirs_are_honoured_and_layers_shared(warren, sdk_env, registries):
+    from e2b import Sandbox, Template
+
+    public, _ = registries
+    before = {p.name for p in image_layer_dirs(warren.state_dir)}
+    template = Template().from_image(f"{public.host}/e2e/layered:1")
+    _, logs = build(template, "wt-e2e-img-layered")
+    layer_lines = [line for line in logs if line.startswith("layer sha256:")]
+    assert len(layer_lines) == 3, logs
+    after = {p.name for p in image_layer_dirs(warren.state_dir)}
+    if before:
+        # The busybox layer the first test pulled is reused, not fetched again: one new dir per new layer.
+        assert "cached" in layer_lines[0], layer_lines
+        assert len(after - before) == 2, (before, after)
+    sandbox = Sandbox.create(template="wt-e2e-img-layered", timeout=120)
+    try:
+        assert sandbox.commands.run("ls /opt/app").stdout.split() == ["keep"]
+        assert sandbox.commands.run("ls /opt/cache").stdout.split() == ["fresh"]
+        assert sandbox.commands.run("cat /opt/app/keep").stdout == "kept\n"
+    finally:
+        sandbox.kill()
+
+
+def test_a_layer_shared_by_two_templates_is_stored_once(warren, sdk_env, registries):
+    public, _ = registries
+    from e2b import Template
+
+    build(Template().from_image(f"{public.host}/e2e/busybox:1"), "wt-e2e-img-share-a")
+    _, logs = build(Template().from_image(f"{public.host}/e2e/layered:1").run_cmd("true"), "wt-e2e-img-share-b")
+    # busybox's one layer is the layered image's bottom layer: three layer dirs in all, not four.
+    assert len(image_layer_dirs(warren.state_dir)) == 3, (image_layer_dirs(warren.state_dir), logs)
+    layer_lines = [line for line in logs if line.startswith("layer sha256:")]
+    assert len(layer_lines) == 3 and all("cached" in line for line in layer_lines), logs
+
+
+def test_multi_arch_index_picks_linux_amd64(warren, sdk_env, registries):
+    from e2b import Sandbox, Template
+
+    public, _ = registries
+    _, logs = build(Template().from_image(f"{public.host}/e2e/multi:1"), "wt-e2e-img-multi")
+    sandbox = Sandbox.create(template="wt-e2e-img-multi", timeout=120)
+    try:
+        assert sandbox.commands.run("cat /etc/warren-arch").stdout == "amd64\n"
+    finally:
+        sandbox.kill()
+
+
+def test_private_repository_needs_the_login_and_never_leaks_it(warren, sdk_env, registries):
+    from e2b import Sandbox, Template
+    from e2b.exceptions import BuildException
+
+    _, private = registries
+    image = f"{private.host}/secret/busybox:1"
+    with pytest.raises(BuildException) as refused:
+        build(Template().from_image(image), "wt-e2e-img-private-refused")
+    assert "unauthorized" in str(refused.value), refused.value
+    with pytest.raises(BuildException):
+        build(Template().from_image(image, username=PRIVATE_LOGIN[0], password="wrong-password"), "wt-e2e-img-private-wrong")
+
+    info, logs = build(
+        Template().from_image(image, username=PRIVATE_LOGIN[0], password=PRIVATE_LOGIN[1]),
+        "wt-e2e-img-private",
+    )
+    assert not any(PRIVATE_LOGIN[1] in line for line in logs)
+    sandbox = Sandbox.create(template="wt-e2e-img-private", timeout=120)
+    try:
+        assert sandbox.commands.run("id -un").stdout.strip() == "user"
+    finally:
+        sandbox.kill()
+    # Nothing the server wrote holds the password: not the store, not a build record, not a log.
+    secret = PRIVATE_LOGIN[1].encode()
+    for path in Path(warren.state_dir).rglob("*"):
+        if path.is_file() and not path.is_symlink() and "/layers/" not in str(path):
+            assert secret not in path.read_bytes(), path
+    assert PRIVATE_LOGIN[1] not in warren.log()
+
+
+def test_deleting_a_template_prunes_only_the_layers_nothing_else_uses(warren, sdk_env, registries):
+    from e2b import Template
+
+    public, _ = registries
+    build(Template().from_image(f"{public.host}/e2e/multi:1"), "wt-e2e-img-prune")
+    before = {p.name for p in image_layer_dirs(warren.state_dir)}
+    # Both templates of the multi-arch image go; the busybox layer they share with the others stays.
+    for name in ("wt-e2e-img-prune", "wt-e2e-img-multi"):
+        result = warren.cli("template", "delete", name)
+        assert result.returncode == 0, result.stdout + result.stderr
+    after = {p.name for p in image_layer_dirs(warren.state_dir)}
+    assert len(before - after) == 1, (before, after)
+    assert after < before
