@@ -132,7 +132,7 @@ class OciLayout:
         (self.path / "blobs" / "sha256" / digest.split(":")[1]).write_bytes(data)
         return {"mediaType": media_type, "digest": digest, "size": len(data)}
 
-    def image(self, layers, compression="gzip", env=None, cmd=None, arch="amd64") -> dict:
+    def image(self, layers, compression="gzip", env=None, cmd=None, arch="amd64", workdir=None) -> dict:
         """An image manifest of `layers` (uncompressed tars, bottom first); returns its descriptor."""
         descriptors, diff_ids = [], []
         for layer in layers:
@@ -142,7 +142,11 @@ class OciLayout:
         config = {
             "architecture": arch,
             "os": "linux",
-            "config": {"Env": env or ["PATH=/usr/local/bin:/usr/bin:/bin"], "Cmd": cmd or ["sh"]},
+            "config": {
+                "Env": env or ["PATH=/usr/local/bin:/usr/bin:/bin"],
+                "Cmd": cmd or ["sh"],
+                **({"WorkingDir": workdir} if workdir else {}),
+            },
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
         }
         manifest = {
