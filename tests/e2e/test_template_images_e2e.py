@@ -255,3 +255,40 @@ def test_bench_cached_image_build_and_ten_templates_sharing_a_base(warren, sdk_e
         f"\nBENCH template from a cached image: fully cached rebuild {cached_s:.2f}s; "
         f"ten templates on one base: layers {all_kib} KiB in all, of which image layers {image_kib} KiB"
     )
+
+
+def test_tags_name_builds_and_sandboxes_start_the_tagged_one(warren, sdk_env, registries):
+    from e2b import Sandbox, Template
+    from e2b.exceptions import NotFoundException, TemplateException
+
+    public, _ = registries
+    name = "wt-e2e-img-tags"
+    image = f"{public.host}/e2e/busybox:1"
+    first = Template.build(Template().from_image(image).run_cmd("echo one > ~/v"), name, tags=["v1"])
+    second = Template.build(Template().from_image(image).run_cmd("echo two > ~/v"), name, tags=["v2"])
+    assert first.build_id != second.build_id
+
+    def version(reference):
+        sandbox = Sandbox.create(template=reference, timeout=120)
+        try:
+            return sandbox.commands.run("cat ~/v").stdout.strip()
+        finally:
+            sandbox.kill()
+
+    # The older build keeps answering to its tag after the rebuild; the bare name is the current build.
+    assert version(f"{name}:v1") == "one"
+    assert version(f"{name}:v2") == "two"
+    assert version(name) == "two"
+
+    assigned = Template.assign_tags(f"{name}:v1", ["stable"])
+    assert assigned.build_id == first.build_id
+    tags = {t.tag: str(t.build_id) for t in Template.get_tags(name)}
+    assert tags == {"v1": first.build_id, "v2": second.build_id, "stable": first.build_id}, tags
+    assert version(f"{name}:stable") == "one"
+    Template.remove_tags(name, ["stable"])
+    assert "stable" not in {t.tag for t in Template.get_tags(name)}
+    with pytest.raises((NotFoundException, TemplateException)):
+        Template.remove_tags(name, ["stable"])
+    with pytest.raises(Exception) as unknown:
+        Sandbox.create(template=f"{name}:stable", timeout=60)
+    assert "not found" in str(unknown.value).lower(), unknown.value

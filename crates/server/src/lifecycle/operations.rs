@@ -375,8 +375,20 @@ impl Lifecycle {
         id_or_alias: &str,
     ) -> Result<TemplateRecord, LifecycleError> {
         let visible = |t: &TemplateRecord| t.public || t.team_id == team_id;
-        match self.store.get_template(id_or_alias).await?.filter(visible) {
-            Some(template) if template.status == "ready" => Ok(template),
+        let (name, tag) = crate::templates::tags::split_reference(id_or_alias);
+        match self.store.get_template(name).await?.filter(visible) {
+            Some(template) if template.status == "ready" => {
+                let store = self.store.as_ref();
+                crate::templates::tags::template_at_tag(
+                    store,
+                    &self.config.state_dir,
+                    template,
+                    tag,
+                )
+                .await
+                .map_err(|e| LifecycleError::Conflict(e.to_string()))?
+                .ok_or_else(|| LifecycleError::TemplateNotFound(id_or_alias.to_string()))
+            }
             Some(template) => Err(LifecycleError::Conflict(format!(
                 "template '{id_or_alias}' is not ready (status {})",
                 template.status

@@ -128,6 +128,14 @@ impl PauseKind {
 }
 
 #[derive(Debug, Clone, PartialEq)]
+pub struct TemplateTag {
+    pub template_id: String,
+    pub tag: String,
+    pub build_id: String,
+    pub created_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
 pub struct SandboxRecord {
     pub id: String,
     pub team_id: String,
@@ -289,8 +297,24 @@ pub trait Store: Send + Sync {
     async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError>;
     async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
     async fn record_template_spawn(&self, id: &str, now: Millis) -> Result<(), StoreError>;
-    /// Remove the template row; returns whether it existed.
+    /// Remove the template row (and its tags); returns whether it existed.
     async fn delete_template(&self, id: &str) -> Result<bool, StoreError>;
+    /// Points each of `tags` of `template_id` at `build_id` (moving a tag that named another build).
+    async fn assign_template_tags(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+        now: Millis,
+    ) -> Result<(), StoreError>;
+    /// Removes `tags` of `template_id`; returns how many existed.
+    async fn remove_template_tags(
+        &self,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<u64, StoreError>;
+    /// The tags of `template_id`, by tag.
+    async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

@@ -16,7 +16,7 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 use super::{
     sqlite_snapshots, ApiKeyRecord, ChecksumStatus, IdempotencyClaim, Millis, PauseKind,
     SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError,
-    TeamRecord, TemplateRecord, TransitionUpdate,
+    TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules};
@@ -490,11 +490,80 @@ impl Store for SqliteStore {
     }
 
     async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM template_tags WHERE template_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query("DELETE FROM templates WHERE id = ?")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn assign_template_tags(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for tag in tags {
+            sqlx::query(
+                "INSERT INTO template_tags (template_id, tag, build_id, created_at) VALUES (?, ?, ?, ?) \
+                 ON CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id, \
+                 created_at = excluded.created_at",
+            )
+            .bind(template_id)
+            .bind(tag)
+            .bind(build_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    async fn remove_template_tags(
+        &self,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<u64, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let mut removed = 0;
+        for tag in tags {
+            removed += sqlx::query("DELETE FROM template_tags WHERE template_id = ? AND tag = ?")
+                .bind(template_id)
+                .bind(tag)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+        }
+        tx.commit().await?;
+        Ok(removed)
+    }
+
+    async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT template_id, tag, build_id, created_at FROM template_tags WHERE template_id = ? ORDER BY tag",
+        )
+        .bind(template_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(TemplateTag {
+                    template_id: row.try_get("template_id")?,
+                    tag: row.try_get("tag")?,
+                    build_id: row.try_get("build_id")?,
+                    created_at: row.try_get("created_at")?,
+                })
+            })
+            .collect()
     }
 
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {

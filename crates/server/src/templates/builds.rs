@@ -16,6 +16,7 @@ use super::build::sdk_template::TemplateBuildStartV2;
 use super::build::service::{BuildService, ServiceError, TemplateDir};
 use super::build::uploads::UploadError;
 use super::build::versions::{BuiltTemplate, VersionError};
+use super::tags::{check_tag, split_reference, tagged_build, TagError, DEFAULT_TAG};
 use super::BASE_TEMPLATE_ID;
 use crate::config::DefaultResources;
 use crate::lifecycle::now_millis;
@@ -75,6 +76,8 @@ pub struct BuildRequest {
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
     pub dockerfile: Option<DockerfileBuild>,
+    /// Tags the build gets once ready (`default` when empty).
+    pub tags: Vec<String>,
 }
 
 /// The ids a request was given.
@@ -90,6 +93,7 @@ struct PendingBuild {
     cpu_count: Option<u32>,
     memory_mb: Option<u64>,
     dockerfile: Option<DockerfileBuild>,
+    tags: Vec<String>,
 }
 
 pub struct TemplateBuilds {
@@ -116,6 +120,13 @@ fn check_name(name: &str) -> Result<(), BuildsError> {
         Err(BuildsError::BadRequest(format!(
             "invalid template name {name:?}: use lowercase letters, digits, '-' and '_'"
         )))
+    }
+}
+
+fn tag_error(error: TagError) -> BuildsError {
+    match error {
+        TagError::Store(e) => BuildsError::Store(e),
+        other => BuildsError::BadRequest(other.to_string()),
     }
 }
 
@@ -167,6 +178,9 @@ impl TemplateBuilds {
                     super::build::e2b_toml::MIN_MEMORY_MB
                 )));
             }
+        }
+        for tag in &request.tags {
+            check_tag(tag).map_err(|e| BuildsError::BadRequest(e.to_string()))?;
         }
         if let Some(dockerfile) = &request.dockerfile {
             if dockerfile.dockerfile.trim().is_empty() {
@@ -225,6 +239,7 @@ impl TemplateBuilds {
                 cpu_count: request.cpu_count,
                 memory_mb: request.memory_mb,
                 dockerfile: request.dockerfile,
+                tags: request.tags,
             },
         );
         Ok(RequestedBuild {
@@ -344,10 +359,11 @@ impl TemplateBuilds {
     ) -> Result<(), BuildsError> {
         let builds = Arc::clone(self);
         let id = template_id.to_string();
+        let tags = pending.tags.clone();
         let on_done = Box::new(move |result: Result<BuiltTemplate, _>| {
             let recorded = builds
                 .runtime
-                .block_on(builds.record_result(&id, result.ok()));
+                .block_on(builds.record_result(&id, result.ok(), &tags));
             if let Err(error) = recorded {
                 tracing::error!(template = %id, %error, "cannot record a finished build");
             }
@@ -375,6 +391,7 @@ impl TemplateBuilds {
         &self,
         template_id: &str,
         built: Option<BuiltTemplate>,
+        tags: &[String],
     ) -> Result<(), StoreError> {
         let Some(mut record) = self.store.get_template(template_id).await? else {
             return Ok(());
@@ -395,7 +412,84 @@ impl TemplateBuilds {
             None if record.status != "ready" => record.status = "error".into(),
             None => return Ok(()),
         }
-        self.store.upsert_template(&record).await
+        self.store.upsert_template(&record).await?;
+        if record.status == "ready" {
+            let default = [DEFAULT_TAG.to_string()];
+            let tags = if tags.is_empty() { &default[..] } else { tags };
+            self.store
+                .assign_template_tags(&record.id, &record.build_id, tags, now_millis())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A template of `team_id` by id or name, for changing its tags.
+    async fn owned_template(
+        &self,
+        team_id: &str,
+        name: &str,
+    ) -> Result<TemplateRecord, BuildsError> {
+        match self.store.get_template(name).await? {
+            Some(t) if t.team_id == team_id && t.id != BASE_TEMPLATE_ID => Ok(t),
+            Some(t) if t.id == BASE_TEMPLATE_ID => Err(BuildsError::BuiltIn(t.id)),
+            _ => Err(BuildsError::TemplateNotFound(name.into())),
+        }
+    }
+
+    /// `POST /templates/tags`: points `tags` at the build `target` (`name:tag`, or `name` for the
+    /// current build) names. Returns that build's id.
+    pub async fn assign_tags(
+        &self,
+        team_id: &str,
+        target: &str,
+        tags: &[String],
+    ) -> Result<String, BuildsError> {
+        if tags.is_empty() {
+            return Err(BuildsError::BadRequest("tags is empty".into()));
+        }
+        for tag in tags {
+            check_tag(tag).map_err(|e| BuildsError::BadRequest(e.to_string()))?;
+        }
+        let (name, tag) = split_reference(target);
+        let template = self.owned_template(team_id, name).await?;
+        let build_id = tagged_build(self.store.as_ref(), &template, tag)
+            .await
+            .map_err(tag_error)?
+            .ok_or_else(|| BuildsError::TemplateNotFound(target.into()))?;
+        self.store
+            .assign_template_tags(&template.id, &build_id, tags, now_millis())
+            .await?;
+        Ok(build_id)
+    }
+
+    /// `DELETE /templates/tags`: 404 when none of `tags` existed.
+    pub async fn remove_tags(
+        &self,
+        team_id: &str,
+        name: &str,
+        tags: &[String],
+    ) -> Result<(), BuildsError> {
+        let template = self.owned_template(team_id, name).await?;
+        if self.store.remove_template_tags(&template.id, tags).await? == 0 {
+            return Err(BuildsError::TemplateNotFound(format!(
+                "{name}:{}",
+                tags.join(",")
+            )));
+        }
+        Ok(())
+    }
+
+    /// `GET /templates/{id}/tags`.
+    pub async fn list_tags(
+        &self,
+        team_id: &str,
+        id_or_name: &str,
+    ) -> Result<Vec<crate::store::TemplateTag>, BuildsError> {
+        let template = match self.store.get_template(id_or_name).await? {
+            Some(t) if t.public || t.team_id == team_id => t,
+            _ => return Err(BuildsError::TemplateNotFound(id_or_name.into())),
+        };
+        Ok(self.store.list_template_tags(&template.id).await?)
     }
 
     /// The SDK's status body. A requested build not started yet is `waiting`; a build of an earlier

@@ -3,6 +3,7 @@
 pub mod build;
 pub mod builds;
 pub mod images;
+pub mod tags;
 
 use std::path::Path;
 
