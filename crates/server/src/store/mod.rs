@@ -5,6 +5,7 @@
 
 pub mod sqlite;
 mod sqlite_snapshots;
+mod sqlite_template_builds;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -125,6 +126,48 @@ impl PauseKind {
             _ => None,
         }
     }
+}
+
+/// Where a template build is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildState {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl BuildState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildState::Waiting => "waiting",
+            BuildState::Building => "building",
+            BuildState::Ready => "ready",
+            BuildState::Error => "error",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<BuildState> {
+        [
+            BuildState::Waiting,
+            BuildState::Building,
+            BuildState::Ready,
+            BuildState::Error,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildRecord {
+    pub build_id: String,
+    pub template_id: String,
+    pub status: BuildState,
+    /// Why a build failed.
+    pub reason: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -315,6 +358,16 @@ pub trait Store: Send + Sync {
     ) -> Result<u64, StoreError>;
     /// The tags of `template_id`, by tag.
     async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError>;
+    /// Records a build or its new state (created_at is kept from the first write).
+    async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError>;
+    async fn get_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Option<BuildRecord>, StoreError>;
+    /// Fails the builds an earlier run left waiting or building (and templates whose current build
+    /// that was); returns how many.
+    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

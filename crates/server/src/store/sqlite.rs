@@ -14,9 +14,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, IdempotencyClaim, Millis, PauseKind,
-    SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError,
-    TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate,
+    sqlite_snapshots, sqlite_template_builds, ApiKeyRecord, BuildRecord, ChecksumStatus,
+    IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules};
@@ -510,22 +511,7 @@ impl Store for SqliteStore {
         tags: &[String],
         now: Millis,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
-        for tag in tags {
-            sqlx::query(
-                "INSERT INTO template_tags (template_id, tag, build_id, created_at) VALUES (?, ?, ?, ?) \
-                 ON CONFLICT (template_id, tag) DO UPDATE SET build_id = excluded.build_id, \
-                 created_at = excluded.created_at",
-            )
-            .bind(template_id)
-            .bind(tag)
-            .bind(build_id)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        sqlite_template_builds::assign_tags(&self.pool, template_id, build_id, tags, now).await
     }
 
     async fn remove_template_tags(
@@ -533,37 +519,27 @@ impl Store for SqliteStore {
         template_id: &str,
         tags: &[String],
     ) -> Result<u64, StoreError> {
-        let mut tx = self.pool.begin().await?;
-        let mut removed = 0;
-        for tag in tags {
-            removed += sqlx::query("DELETE FROM template_tags WHERE template_id = ? AND tag = ?")
-                .bind(template_id)
-                .bind(tag)
-                .execute(&mut *tx)
-                .await?
-                .rows_affected();
-        }
-        tx.commit().await?;
-        Ok(removed)
+        sqlite_template_builds::remove_tags(&self.pool, template_id, tags).await
     }
 
     async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT template_id, tag, build_id, created_at FROM template_tags WHERE template_id = ? ORDER BY tag",
-        )
-        .bind(template_id)
-        .fetch_all(&self.pool)
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(TemplateTag {
-                    template_id: row.try_get("template_id")?,
-                    tag: row.try_get("tag")?,
-                    build_id: row.try_get("build_id")?,
-                    created_at: row.try_get("created_at")?,
-                })
-            })
-            .collect()
+        sqlite_template_builds::list_tags(&self.pool, template_id).await
+    }
+
+    async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError> {
+        sqlite_template_builds::upsert_build(&self.pool, build).await
+    }
+
+    async fn get_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Option<BuildRecord>, StoreError> {
+        sqlite_template_builds::get_build(&self.pool, template_id, build_id).await
+    }
+
+    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError> {
+        sqlite_template_builds::fail_unfinished_builds(&self.pool, reason, now).await
     }
 
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {

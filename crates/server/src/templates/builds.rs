@@ -12,6 +12,7 @@ use warren_proto::api::ENVD_VERSION;
 
 use super::build::e2b_toml::E2bToml;
 use super::build::job::{LogLevel, TemplateBuildInfo};
+use super::build::runner::BuildError;
 use super::build::sdk_template::TemplateBuildStartV2;
 use super::build::service::{BuildService, ServiceError, TemplateDir};
 use super::build::uploads::UploadError;
@@ -21,7 +22,9 @@ use super::BASE_TEMPLATE_ID;
 use crate::config::DefaultResources;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{SandboxFilter, SnapshotFilter, Store, StoreError, TemplateRecord};
+use crate::store::{
+    BuildRecord, BuildState, SandboxFilter, SnapshotFilter, Store, StoreError, TemplateRecord,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildsError {
@@ -233,6 +236,8 @@ impl TemplateBuilds {
                 (id, aliases)
             }
         };
+        self.record_build(&template_id, &build_id, BuildState::Waiting, None)
+            .await?;
         self.lock_pending().insert(
             (template_id.clone(), build_id.clone()),
             PendingBuild {
@@ -360,16 +365,39 @@ impl TemplateBuilds {
         let builds = Arc::clone(self);
         let id = template_id.to_string();
         let tags = pending.tags.clone();
-        let on_done = Box::new(move |result: Result<BuiltTemplate, _>| {
-            let recorded = builds
-                .runtime
-                .block_on(builds.record_result(&id, result.ok(), &tags));
+        let build = build_id.to_string();
+        let on_done = Box::new(move |result: Result<BuiltTemplate, BuildError>| {
+            let (built, reason) = match result {
+                Ok(built) => (Some(built), None),
+                Err(error) => (None, Some(error.to_string())),
+            };
+            let recorded = builds.runtime.block_on(async {
+                let state = if built.is_some() {
+                    BuildState::Ready
+                } else {
+                    BuildState::Error
+                };
+                builds.record_build(&id, &build, state, reason).await?;
+                builds.record_result(&id, built, &tags).await
+            });
             if let Err(error) = recorded {
                 tracing::error!(template = %id, %error, "cannot record a finished build");
             }
         });
         match self.service.start(template_id, build_id, plan, on_done) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // The build thread may already have recorded its end; the store keeps that.
+                let started = self.runtime.block_on(self.record_build(
+                    template_id,
+                    build_id,
+                    BuildState::Building,
+                    None,
+                ));
+                if let Err(error) = started {
+                    tracing::warn!(build = %build_id, %error, "recording a started build");
+                }
+                Ok(())
+            }
             Err(ServiceError::AlreadyRunning {
                 template_id,
                 build_id: running,
@@ -421,6 +449,26 @@ impl TemplateBuilds {
                 .await?;
         }
         Ok(())
+    }
+
+    async fn record_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        status: BuildState,
+        reason: Option<String>,
+    ) -> Result<(), StoreError> {
+        let now = now_millis();
+        self.store
+            .upsert_build(&BuildRecord {
+                build_id: build_id.to_string(),
+                template_id: template_id.to_string(),
+                status,
+                reason,
+                created_at: now,
+                updated_at: now,
+            })
+            .await
     }
 
     /// A template of `team_id` by id or name, for changing its tags.
@@ -511,8 +559,22 @@ impl TemplateBuilds {
             return Ok(job.status_response(logs_offset, limit, level));
         }
         let key = (template.id.clone(), build_id.to_string());
+        let mut reason = None;
         let status = if self.lock_pending().contains_key(&key) {
             super::build::job::BuildStatus::Waiting
+        } else if let Some(record) = self.store.get_build(&template.id, build_id).await? {
+            // A build of an earlier run (or requested then lost to a restart).
+            reason = record.reason.map(|message| super::build::job::BuildReason {
+                message,
+                step: None,
+                log_entries: Vec::new(),
+            });
+            match record.status {
+                BuildState::Waiting => super::build::job::BuildStatus::Waiting,
+                BuildState::Building => super::build::job::BuildStatus::Building,
+                BuildState::Ready => super::build::job::BuildStatus::Ready,
+                BuildState::Error => super::build::job::BuildStatus::Error,
+            }
         } else if self.service.versions().load(&template.id, build_id).is_ok() {
             super::build::job::BuildStatus::Ready
         } else {
@@ -527,7 +589,7 @@ impl TemplateBuilds {
             status,
             logs: Vec::new(),
             log_entries: Vec::new(),
-            reason: None,
+            reason,
         })
     }
 
