@@ -702,6 +702,41 @@ impl TemplateBuilds {
                 return;
             }
         };
+        // A live sandbox of a template deleted with ?force=true stands on layers no version lists any
+        // more: then nothing is pruned.
+        let live = match self
+            .store
+            .list_sandboxes(&SandboxFilter {
+                states: vec![
+                    SandboxState::Creating,
+                    SandboxState::Running,
+                    SandboxState::Pausing,
+                    SandboxState::Paused,
+                    SandboxState::Resuming,
+                ],
+                ..SandboxFilter::default()
+            })
+            .await
+        {
+            Ok(live) => live,
+            Err(error) => {
+                tracing::warn!(%error, "listing sandboxes for layer pruning; not pruning");
+                return;
+            }
+        };
+        for sandbox in &live {
+            match self.store.get_template(&sandbox.template_id).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    tracing::info!(sandbox = %sandbox.id, template = %sandbox.template_id, "a live sandbox's template is gone; not pruning layers");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "looking up templates for layer pruning; not pruning");
+                    return;
+                }
+            }
+        }
         let service = Arc::clone(&self.service);
         let layer_paths: Vec<PathBuf> = snapshots.into_iter().flat_map(|s| s.layers).collect();
         match tokio::task::spawn_blocking(move || service.prune_layers_if_idle(&layer_paths)).await
