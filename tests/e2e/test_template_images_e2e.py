@@ -292,3 +292,49 @@ def test_tags_name_builds_and_sandboxes_start_the_tagged_one(warren, sdk_env, re
     with pytest.raises(Exception) as unknown:
         Sandbox.create(template=f"{name}:stable", timeout=60)
     assert "not found" in str(unknown.value).lower(), unknown.value
+
+
+def test_a_rebuild_on_a_changed_image_leaves_an_old_paused_sandbox_resumable(warren, sdk_env, registries, tmp_path):
+    from e2b import Sandbox, Template
+
+    public, _ = registries
+    layout = OciLayout(tmp_path / "oci")
+    base = busybox_layer()
+
+    def push(marker):
+        layer = LayerTar().dir("etc").file("etc/warren-version", f"{marker}\n".encode()).bytes()
+        layout.tag(layout.image([base, layer]), "moving")
+        public.push(layout, "moving", "e2e/moving:1")
+
+    name = "wt-e2e-img-moving"
+    push("v1")
+    Template.build(Template().from_image(f"{public.host}/e2e/moving:1"), name)
+    old = Sandbox.create(template=name, timeout=300)
+    try:
+        old.files.write("/home/user/mine.txt", "written before the pause")
+        old.pause()
+        assert Sandbox.get_info(old.sandbox_id).state.value == "paused"
+
+        # The tag now names another image: the rebuild pulls its new layer, the old one stays.
+        push("v2")
+        Template.build(Template().from_image(f"{public.host}/e2e/moving:1"), name)
+        new = Sandbox.create(template=name, timeout=120)
+        try:
+            assert new.commands.run("cat /etc/warren-version").stdout == "v2\n"
+        finally:
+            new.kill()
+        # Deleting another template prunes: the paused sandbox's layers must survive it.
+        Template.build(Template().from_image(f"{public.host}/e2e/busybox:1").run_cmd("true"), "wt-e2e-img-other")
+        deleted = warren.cli("template", "delete", "wt-e2e-img-other")
+        assert deleted.returncode == 0, deleted.stdout + deleted.stderr
+
+        try:
+            resumed = Sandbox.connect(old.sandbox_id, timeout=300)
+        except Exception:
+            print(warren.log()[-4000:])
+            raise
+        assert resumed.commands.run("cat /etc/warren-version /home/user/mine.txt").stdout == (
+            "v1\nwritten before the pause"
+        )
+    finally:
+        Sandbox.kill(old.sandbox_id)

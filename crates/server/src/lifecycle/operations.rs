@@ -322,10 +322,6 @@ impl Lifecycle {
         Ok(seconds * 1000)
     }
 
-    fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
-        self.spec_with_layers(record, template.layers.clone())
-    }
-
     pub(crate) fn spec_with_layers(
         &self,
         record: &SandboxRecord,
@@ -969,7 +965,10 @@ impl Lifecycle {
                         return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
                     }
                 };
-                let spec = self.spec_for(record, &template);
+                // The layers the checkpoint was taken over: a rebuild since moved the template on.
+                let layers = warren_runtime::checkpoint::Manifest::read(&dir)
+                    .map_or_else(|_| template.layers.clone(), |m| m.layers);
+                let spec = self.spec_with_layers(record, layers);
                 let checkpoint = dir.clone();
                 let restored = self
                     .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
