@@ -113,6 +113,13 @@ def test_busybox_image_runs_sdk_commands_as_user(warren, sdk_env, registries):
         assert sandbox.commands.run("cat /home/user/note.txt").stdout == "from files api"
     finally:
         sandbox.kill()
+    # A template built on it (fromTemplate) stacks on its image layers.
+    build(Template().from_template("wt-e2e-img-busybox").run_cmd("echo child > ~/child.txt"), "wt-e2e-img-child")
+    child = Sandbox.create(template="wt-e2e-img-child", timeout=120)
+    try:
+        assert child.commands.run("cat ~/built.txt ~/child.txt").stdout == "built-by-user\nchild\n"
+    finally:
+        child.kill()
 
 
 def test_whiteouts_and_opaque_dirs_are_honoured_and_layers_shared(warren, sdk_env, registries):

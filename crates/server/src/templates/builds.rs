@@ -276,9 +276,36 @@ impl TemplateBuilds {
         body: &TemplateBuildStartV2,
     ) -> Result<(), BuildsError> {
         let pending = self.take_pending(template_id, build_id)?;
+        // fromTemplate names a template by alias or id; version records are kept by id.
+        let mut body = body.clone();
+        // Only the building team's templates and public ones can be built on.
+        if let Some(name) = body.from_template.clone() {
+            let (name, _tag) = super::tags::split_reference(&name);
+            let found =
+                self.runtime.block_on(async {
+                    let own = self.store.get_template(template_id).await?;
+                    let base = self.store.get_template(name).await?;
+                    Ok::<_, StoreError>(base.filter(|b| {
+                        b.public || own.as_ref().is_some_and(|o| o.team_id == b.team_id)
+                    }))
+                });
+            match found {
+                Ok(Some(base)) => body.from_template = Some(base.id),
+                Ok(None) => {
+                    self.put_back(template_id, build_id, pending);
+                    return Err(BuildsError::BadRequest(format!(
+                        "base template {name:?} not found or has no ready build"
+                    )));
+                }
+                Err(e) => {
+                    self.put_back(template_id, build_id, pending);
+                    return Err(e.into());
+                }
+            }
+        }
         let plan = match self
             .service
-            .plan_sdk(body, pending.cpu_count, pending.memory_mb)
+            .plan_sdk(&body, pending.cpu_count, pending.memory_mb)
         {
             Ok(plan) => plan,
             Err(e) => {
