@@ -322,10 +322,6 @@ impl Lifecycle {
         Ok(seconds * 1000)
     }
 
-    fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
-        self.spec_with_layers(record, template.layers.clone())
-    }
-
     pub(crate) fn spec_with_layers(
         &self,
         record: &SandboxRecord,
@@ -398,8 +394,20 @@ impl Lifecycle {
         id_or_alias: &str,
     ) -> Result<TemplateRecord, LifecycleError> {
         let visible = |t: &TemplateRecord| t.public || t.team_id == team_id;
-        match self.store.get_template(id_or_alias).await?.filter(visible) {
-            Some(template) if template.status == "ready" => Ok(template),
+        let (name, tag) = crate::templates::tags::split_reference(id_or_alias);
+        match self.store.get_template(name).await?.filter(visible) {
+            Some(template) if template.status == "ready" => {
+                let store = self.store.as_ref();
+                crate::templates::tags::template_at_tag(
+                    store,
+                    &self.config.state_dir,
+                    template,
+                    tag,
+                )
+                .await
+                .map_err(|e| LifecycleError::Conflict(e.to_string()))?
+                .ok_or_else(|| LifecycleError::TemplateNotFound(id_or_alias.to_string()))
+            }
             Some(template) => Err(LifecycleError::Conflict(format!(
                 "template '{id_or_alias}' is not ready (status {})",
                 template.status
@@ -996,7 +1004,10 @@ impl Lifecycle {
                         return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
                     }
                 };
-                let spec = self.spec_for(record, &template);
+                // The layers the checkpoint was taken over: a rebuild since moved the template on.
+                let layers = warren_runtime::checkpoint::Manifest::read(&dir)
+                    .map_or_else(|_| template.layers.clone(), |m| m.layers);
+                let spec = self.spec_with_layers(record, layers);
                 let checkpoint = dir.clone();
                 let restored = self
                     .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))

@@ -14,9 +14,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, IdempotencyClaim, Millis, PauseKind,
-    SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError,
-    TeamRecord, TemplateRecord, TransitionUpdate,
+    sqlite_snapshots, sqlite_template_builds, ApiKeyRecord, BuildRecord, ChecksumStatus,
+    IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -528,11 +529,55 @@ impl Store for SqliteStore {
     }
 
     async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM template_tags WHERE template_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query("DELETE FROM templates WHERE id = ?")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn assign_template_tags(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        sqlite_template_builds::assign_tags(&self.pool, template_id, build_id, tags, now).await
+    }
+
+    async fn remove_template_tags(
+        &self,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<u64, StoreError> {
+        sqlite_template_builds::remove_tags(&self.pool, template_id, tags).await
+    }
+
+    async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError> {
+        sqlite_template_builds::list_tags(&self.pool, template_id).await
+    }
+
+    async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError> {
+        sqlite_template_builds::upsert_build(&self.pool, build).await
+    }
+
+    async fn get_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Option<BuildRecord>, StoreError> {
+        sqlite_template_builds::get_build(&self.pool, template_id, build_id).await
+    }
+
+    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError> {
+        sqlite_template_builds::fail_unfinished_builds(&self.pool, reason, now).await
     }
 
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {

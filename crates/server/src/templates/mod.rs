@@ -2,6 +2,8 @@
 
 pub mod build;
 pub mod builds;
+pub mod images;
+pub mod tags;
 
 use std::path::Path;
 
