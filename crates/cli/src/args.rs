@@ -130,6 +130,10 @@ pub struct UpArgs {
         value_delimiter = ','
     )]
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Seconds a template build may take before it is stopped (its sandbox destroyed) and fails
+    /// naming the step it was in.
+    #[arg(long, env = "WARREN_BUILD_TIMEOUT_SECS", default_value_t = 3600)]
+    pub build_timeout_secs: u64,
 }
 
 /// Where Warren keeps its database and sandboxes.

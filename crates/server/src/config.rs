@@ -44,6 +44,8 @@ pub struct ServerConfig {
     /// CA certificates (PEM files) the egress proxy trusts besides the host's trust store
     /// (`warren_runtime::LinuxRuntimeConfig::egress_upstream_ca`).
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// How long a template build may take before it is stopped and fails.
+    pub build_timeout: Duration,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -130,6 +132,7 @@ impl ServerConfig {
             no_new_privs: false,
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
+            build_timeout: Duration::from_secs(3600),
         }
     }
 

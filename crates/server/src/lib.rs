@@ -140,7 +140,10 @@ impl Server {
         let build_service = Arc::new(templates::build::service::BuildService::new(
             Arc::clone(&runtime),
             Arc::new(templates::build::agent_commands::EnvdCommands::new()),
-            templates::build::runner::BuildSettings::new(&config.state_dir),
+            templates::build::runner::BuildSettings {
+                build_timeout: config.build_timeout,
+                ..templates::build::runner::BuildSettings::new(&config.state_dir)
+            },
             Some(config.base_rootfs.clone()),
         ));
         let builds = Arc::new(templates::builds::TemplateBuilds::new(

@@ -41,7 +41,7 @@ pub fn router() -> Router<AppState> {
         )
         .route(
             "/templates/{id}/builds/{build_id}",
-            post(start_dockerfile_build),
+            post(start_dockerfile_build).delete(cancel_build),
         )
         .route(
             "/templates/{id}/builds/{build_id}/status",
@@ -368,6 +368,18 @@ async fn start_dockerfile_build(
         .await
         .map_err(|join| ApiError::internal(&join))??;
     Ok(StatusCode::ACCEPTED)
+}
+
+/// `DELETE /templates/{id}/builds/{buildID}` (Warren's own; E2B has no cancel): stops a running build,
+/// which then fails with "the build was cancelled" naming the step it was in.
+async fn cancel_build(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path((id, build_id)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    key.owned_template(&state, &id).await?;
+    state.builds.cancel(&id, &build_id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /templates/{id}/builds/{buildID}/status?logsOffset=&limit=&level=`.

@@ -567,6 +567,31 @@ impl TemplateBuilds {
         Ok(self.store.list_template_tags(&template.id).await?)
     }
 
+    /// Stops a build that is running: its sandbox is destroyed and it fails as cancelled. A build
+    /// that has ended is a conflict; one this server does not know is not found.
+    pub async fn cancel(&self, template_id: &str, build_id: &str) -> Result<(), BuildsError> {
+        let template = self
+            .store
+            .get_template(template_id)
+            .await?
+            .ok_or_else(|| BuildsError::TemplateNotFound(template_id.into()))?;
+        let service = Arc::clone(&self.service);
+        let (id, build) = (template.id.clone(), build_id.to_string());
+        let stopped = tokio::task::spawn_blocking(move || service.cancel(&id, &build))
+            .await
+            .map_err(|e| BuildsError::Conflict(format!("cancel: {e}")))?;
+        match stopped {
+            Some(true) => Ok(()),
+            Some(false) => Err(BuildsError::Conflict(format!(
+                "build '{build_id}' of template '{template_id}' has already ended"
+            ))),
+            None => Err(BuildsError::BuildNotFound {
+                template_id: template_id.into(),
+                build_id: build_id.into(),
+            }),
+        }
+    }
+
     /// The SDK's status body. A requested build not started yet is `waiting`; a build of an earlier
     /// server run is known from its version record.
     pub async fn status(

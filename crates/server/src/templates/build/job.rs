@@ -113,6 +113,14 @@ const REASON_TAIL_LINES: usize = 30;
 struct Shared {
     state: Mutex<JobState>,
     changed: Condvar,
+    control: Mutex<Control>,
+}
+
+/// What stopping a build needs: the sandbox it works in now, and why it was told to stop.
+#[derive(Debug, Default)]
+struct Control {
+    sandbox: Option<String>,
+    stop: Option<String>,
 }
 
 /// Handle to a build's record; clones share it.
@@ -136,8 +144,64 @@ impl BuildJob {
                     reason: None,
                 }),
                 changed: Condvar::new(),
+                control: Mutex::new(Control::default()),
             }),
         }
+    }
+
+    fn control(&self) -> MutexGuard<'_, Control> {
+        self.shared
+            .control
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The build now works in sandbox `id`; Err(reason) when it was told to stop already (the caller
+    /// destroys the sandbox and ends).
+    pub fn entered_sandbox(&self, id: &str) -> Result<(), String> {
+        let mut control = self.control();
+        if let Some(reason) = &control.stop {
+            return Err(reason.clone());
+        }
+        control.sandbox = Some(id.to_string());
+        Ok(())
+    }
+
+    pub fn left_sandbox(&self, id: &str) {
+        let mut control = self.control();
+        if control.sandbox.as_deref() == Some(id) {
+            control.sandbox = None;
+        }
+    }
+
+    /// Tells a build that has not ended to stop (timeout, cancel); the first reason given sticks.
+    /// Returns the sandbox it is working in, for the caller to destroy: whatever step is running
+    /// then fails, and the build ends with `reason`. None when the build had ended already.
+    pub fn request_stop(&self, reason: &str) -> Option<Option<String>> {
+        if !matches!(self.status(), BuildStatus::Waiting | BuildStatus::Building) {
+            return None;
+        }
+        let mut control = self.control();
+        control.stop.get_or_insert_with(|| reason.to_string());
+        Some(control.sandbox.clone())
+    }
+
+    /// Why the build was told to stop, if it was.
+    pub fn stop_reason(&self) -> Option<String> {
+        self.control().stop.clone()
+    }
+
+    /// Waits up to `timeout` for the build to end; whether it has.
+    pub fn wait_until_finished(&self, timeout: Duration) -> bool {
+        let guard = self.lock();
+        let (guard, _) = self
+            .shared
+            .changed
+            .wait_timeout_while(guard, timeout, |s| {
+                matches!(s.status, BuildStatus::Waiting | BuildStatus::Building)
+            })
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        !matches!(guard.status, BuildStatus::Waiting | BuildStatus::Building)
     }
 
     fn lock(&self) -> MutexGuard<'_, JobState> {

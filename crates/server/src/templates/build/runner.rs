@@ -55,6 +55,11 @@ pub enum BuildError {
     Finalize(String),
     #[error(transparent)]
     Version(#[from] VersionError),
+    #[error("{reason}{}", step.as_deref().map(|s| format!(" (in step {s})")).unwrap_or_default())]
+    Stopped {
+        step: Option<String>,
+        reason: String,
+    },
 }
 
 impl BuildError {
@@ -68,6 +73,7 @@ impl BuildError {
             BuildError::Finalize(_) => Some(FINALIZE_STEP),
             BuildError::BaseMissing(_) | BuildError::Image(_) => Some("base"),
             BuildError::Version(_) => None,
+            BuildError::Stopped { step, .. } => step.as_deref(),
         }
     }
 }
@@ -87,6 +93,8 @@ pub struct BuildSettings {
     pub allow_internet: bool,
     /// How long ready_cmd may keep failing after start_cmd started.
     pub ready_timeout: Duration,
+    /// How long a whole build may take before it is stopped (its sandbox destroyed) and fails.
+    pub build_timeout: Duration,
     pub ready_interval: Duration,
     /// Which image registries may be reached without TLS (loopback ones always may).
     pub registry: RegistrySettings,
@@ -105,6 +113,7 @@ impl BuildSettings {
             },
             allow_internet: true,
             ready_timeout: Duration::from_secs(120),
+            build_timeout: Duration::from_secs(3600),
             ready_interval: Duration::from_millis(500),
             registry: RegistrySettings::from_env(),
         }
@@ -125,10 +134,12 @@ struct SandboxGuard<'a> {
     runtime: &'a dyn Runtime,
     id: String,
     armed: bool,
+    job: &'a BuildJob,
 }
 
 impl Drop for SandboxGuard<'_> {
     fn drop(&mut self) {
+        self.job.left_sandbox(&self.id);
         if self.armed {
             if let Err(e) = self.runtime.destroy(&self.id) {
                 tracing::warn!(sandbox = %self.id, error = %e, "destroying build sandbox");
@@ -177,7 +188,17 @@ impl<'a> TemplateBuilder<'a> {
             .collect();
         steps.push((FINALIZE_STEP.into(), finalize_title(plan)));
         job.set_steps(steps);
-        let result = self.build_inner(plan, template_id, build_id, job);
+        let result = match self.build_inner(plan, template_id, build_id, job) {
+            // A stopped build fails however its step noticed (a destroyed sandbox breaks it).
+            Err(error) => match job.stop_reason() {
+                Some(reason) => Err(BuildError::Stopped {
+                    step: error.step().map(String::from),
+                    reason,
+                }),
+                None => Err(error),
+            },
+            Ok(built) => Ok(built),
+        };
         match &result {
             Ok(built) => {
                 job.log(
@@ -375,7 +396,13 @@ impl<'a> TemplateBuilder<'a> {
                     runtime: self.runtime,
                     id: sandbox_id.clone(),
                     armed: true,
+                    job,
                 };
+                job.entered_sandbox(&sandbox_id)
+                    .map_err(|reason| BuildError::Stopped {
+                        step: Some(step.id.clone()),
+                        reason,
+                    })?;
                 let command = CommandSpec {
                     argv: argv.clone(),
                     env: step.state.vars(),
@@ -510,7 +537,13 @@ impl<'a> TemplateBuilder<'a> {
             runtime: self.runtime,
             id: sandbox_id.clone(),
             armed: true,
+            job,
         };
+        job.entered_sandbox(&sandbox_id)
+            .map_err(|reason| BuildError::Stopped {
+                step: Some(FINALIZE_STEP.to_string()),
+                reason,
+            })?;
         let below = LayerStack::new(stack.to_vec());
         let user = below.user_name(&plan.final_state.user);
         let shell = |cmd: &str| CommandSpec {
@@ -652,7 +685,7 @@ mod tests {
     use crate::templates::build::job::{BuildStatus, StepStatus};
     use std::collections::BTreeMap;
     use std::net::{Ipv4Addr, SocketAddr};
-    use std::sync::Mutex;
+    use std::sync::{Arc, Mutex};
     use warren_runtime::{Capabilities, CheckpointInfo, ProcessInfo, RuntimeState, Sandbox, Stats};
 
     /// Records calls; `commit_layer` writes a file naming the sandbox, as a RUN would leave changes.
@@ -662,6 +695,8 @@ mod tests {
         destroyed: Mutex<Vec<String>>,
         checkpoint: bool,
         checkpoint_fails: bool,
+        /// Set by destroy: what breaks a hanging command's stream.
+        gone: Arc<std::sync::atomic::AtomicBool>,
     }
 
     impl Runtime for FakeRuntime {
@@ -688,6 +723,7 @@ mod tests {
         }
         fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
             self.destroyed.lock().unwrap().push(id.into());
+            self.gone.store(true, std::sync::atomic::Ordering::SeqCst);
             Ok(())
         }
         fn freeze(&self, _: &str) -> Result<(), RuntimeError> {
@@ -824,6 +860,81 @@ mod tests {
                 ..BuildSettings::new(self.state.path())
             }
         }
+    }
+
+    /// A command that never ends by itself: its stream breaks only when its sandbox is destroyed.
+    struct HangingCommands {
+        gone: Arc<std::sync::atomic::AtomicBool>,
+        started: std::sync::mpsc::Sender<()>,
+    }
+
+    impl CommandRunner for HangingCommands {
+        fn run(
+            &self,
+            addr: SocketAddr,
+            _: &CommandSpec,
+            _: &mut dyn FnMut(OutputStream, &[u8]),
+        ) -> Result<i32, CommandError> {
+            let _ = self.started.send(());
+            while !self.gone.load(std::sync::atomic::Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(CommandError::Transport {
+                addr,
+                message: "connection reset".into(),
+            })
+        }
+        fn spawn(
+            &self,
+            _: SocketAddr,
+            _: &CommandSpec,
+            _: OutputSink,
+        ) -> Result<Box<dyn BackgroundProcess>, CommandError> {
+            Ok(Box::new(Running))
+        }
+    }
+
+    #[test]
+    fn a_stopped_build_destroys_its_sandbox_and_fails_naming_the_step_and_why() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let (started, running) = std::sync::mpsc::channel();
+        let commands = HangingCommands {
+            gone: Arc::clone(&runtime.gone),
+            started,
+        };
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let plan = setup.plan("FROM debian:12\nRUN sleep infinity\n", None);
+        let job = BuildJob::new("t1", "b1");
+        let result = std::thread::scope(|scope| {
+            let building = scope.spawn(|| builder.build(&plan, "t1", "b1", &job));
+            running.recv().expect("the step started");
+            assert!(super::super::service::stop(
+                &runtime,
+                &job,
+                "the build timed out after 5s"
+            ));
+            building.join().unwrap()
+        });
+        let error = result.expect_err("a stopped build fails");
+        assert!(
+            matches!(&error, BuildError::Stopped { reason, .. } if reason == "the build timed out after 5s"),
+            "{error}"
+        );
+        assert_eq!(error.step(), Some("1"), "{error}");
+        assert_eq!(job.status(), BuildStatus::Error);
+        let reason = job.snapshot().reason.expect("a reason").message;
+        assert!(
+            reason.contains("timed out") && reason.contains("(in step 1)"),
+            "{reason}"
+        );
+        assert_eq!(
+            runtime.destroyed.lock().unwrap().len(),
+            2,
+            "stop, then the guard"
+        );
+        // Stopping an ended build does nothing.
+        assert!(!super::super::service::stop(&runtime, &job, "again"));
     }
 
     const DOCKERFILE: &str = "FROM debian:12\nWORKDIR /app\nCOPY requirements.txt .\nRUN pip install -r requirements.txt\nUSER user\nRUN echo done\n";

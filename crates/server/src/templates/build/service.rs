@@ -194,6 +194,21 @@ pub fn base_from_built(built: &BuiltTemplate) -> BaseSource {
     }
 }
 
+/// Tells `job` to stop with `reason` and destroys the sandbox it works in, which ends its step;
+/// whether the build was still running.
+pub(crate) fn stop(runtime: &dyn Runtime, job: &BuildJob, reason: &str) -> bool {
+    let Some(sandbox) = job.request_stop(reason) else {
+        return false;
+    };
+    tracing::warn!(build = %job.snapshot().build_id, reason, "stopping a build");
+    if let Some(id) = sandbox {
+        if let Err(error) = runtime.destroy(&id) {
+            tracing::warn!(sandbox = %id, %error, "destroying a stopped build's sandbox");
+        }
+    }
+    true
+}
+
 /// Runs builds in background threads and keeps their job records for status queries.
 pub struct BuildService {
     runtime: Arc<dyn Runtime>,
@@ -301,6 +316,7 @@ impl BuildService {
             .insert((template_id.to_string(), build_id.to_string()), job.clone());
         let service = Arc::clone(self);
         let thread_job = job.clone();
+        let watch_name = format!("watch-{build_id}");
         let (template_id, build_id) = (template_id.to_string(), build_id.to_string());
         std::thread::Builder::new()
             .name(format!("build-{build_id}"))
@@ -314,7 +330,30 @@ impl BuildService {
                 on_done(result);
             })
             .map_err(ServiceError::Thread)?;
+        // The watchdog: a build never stays `building` past its timeout, whatever hangs.
+        let watched = job.clone();
+        let runtime = Arc::clone(&self.runtime);
+        let limit = self.settings.build_timeout;
+        std::thread::Builder::new()
+            .name(watch_name)
+            .spawn(move || {
+                if !watched.wait_until_finished(limit) {
+                    stop(
+                        runtime.as_ref(),
+                        &watched,
+                        &format!("the build timed out after {}s", limit.as_secs()),
+                    );
+                }
+            })
+            .map_err(ServiceError::Thread)?;
         Ok(job)
+    }
+
+    /// Stops a running build of this process (`DELETE /templates/{id}/builds/{buildID}`): its
+    /// sandbox is destroyed and the build fails as cancelled. False when it had ended already.
+    pub fn cancel(&self, template_id: &str, build_id: &str) -> Option<bool> {
+        let job = self.job(template_id, build_id)?;
+        Some(stop(self.runtime.as_ref(), &job, "the build was cancelled"))
     }
 
     /// Runs a build on the calling thread (the CLI's local builds, tests).
