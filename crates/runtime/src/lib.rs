@@ -31,6 +31,7 @@ pub mod capabilities;
 pub mod cgroups;
 pub mod config;
 pub mod confined;
+pub mod crash_recovery;
 pub mod host_capacity;
 mod linux_runtime;
 pub mod namespaces;
@@ -213,6 +214,12 @@ pub trait Runtime: Send + Sync {
     fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError>;
     /// Sandboxes that exist on this host, whether or not a server remembers them.
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
+    /// Called once at start-up by the sole owner of this runtime's sandboxes (the server), before
+    /// anything else: settles what the previous owner's death cut short (a checkpoint's CRIU still
+    /// running, the network held locked, a create never finished; see [`crash_recovery`]) and
+    /// returns the sandboxes that exist, as [`Runtime::list`] does. A sandbox it returns is reachable
+    /// once thawed; it may still be frozen.
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// Dump the process tree and the runtime layer into `dest`. With `leave_running` the sandbox keeps
     /// running (fork, template); without, it is gone afterwards (pause).
     fn checkpoint(

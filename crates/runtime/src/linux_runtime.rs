@@ -10,6 +10,7 @@ use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
 use crate::checkpoint::{self, CheckpointError, Checkpointer, DumpTarget, FreezerCgroup, Manifest};
 use crate::config::{self, ConfigError, LinuxRuntimeConfig};
 use crate::confined::ConfinedDir;
+use crate::crash_recovery;
 use crate::network::addresses::AddressPool;
 use crate::network::netlink::{self, Netlink};
 use crate::network::{self, firewall, NetworkPlan};
@@ -745,6 +746,47 @@ impl Runtime for LinuxRuntime {
                         tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
                     }
                 }
+            }
+        }
+        Ok(sandboxes)
+    }
+
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        let mut sandboxes = Vec::new();
+        for id in self.known_ids() {
+            if validate_id(&id).is_err() {
+                continue;
+            }
+            let dir = self.sandbox_dir(&id);
+            match SandboxRecord::read(&dir) {
+                Ok(Some(record)) if record.init_alive() => {
+                    let dumps = || crash_recovery::dumps_of(record.init_pid);
+                    let killed = crash_recovery::wait_then_kill(dumps, crash_recovery::DUMP_WAIT);
+                    if killed > 0 {
+                        tracing::warn!(sandbox = %id, killed, "killed a checkpoint dump that did not end");
+                    }
+                    if record.init_alive() {
+                        // No dump runs any more: whatever network lock is left is stale.
+                        let host = network::veth_name("wv", record.ip);
+                        network::set_host_link(&host, true).map_err(|e| {
+                            RuntimeError::Other(format!("bring {host} up after a restart: {e}"))
+                        })?;
+                        sandboxes.push(self.sandbox_of(&record));
+                        continue;
+                    }
+                }
+                Ok(None) => {
+                    // A create or restore whose caller died: its supervisor may still be building it.
+                    crash_recovery::wait_then_kill(
+                        || crash_recovery::supervisors_of(&dir),
+                        Duration::ZERO,
+                    );
+                }
+                _ => {}
+            }
+            tracing::info!(sandbox = %id, "reclaiming what a dead or unfinished sandbox left");
+            if let Err(error) = self.teardown(&id) {
+                tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
             }
         }
         Ok(sandboxes)
