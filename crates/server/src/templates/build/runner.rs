@@ -672,7 +672,7 @@ mod tests {
             _: bool,
         ) -> Result<CheckpointInfo, RuntimeError> {
             if self.checkpoint_fails {
-                return Err(RuntimeError::Other("criu dump failed".into()));
+                return Err(RuntimeError::failed("criu dump failed"));
             }
             std::fs::create_dir_all(dest).unwrap();
             self.destroyed.lock().unwrap().push(id.into());
