@@ -1,6 +1,8 @@
 //! Operations on a running sandbox: freeze/thaw, stats, processes, kill_process, list, commit_layer,
 //! and the errors of bad calls.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::time::Duration;

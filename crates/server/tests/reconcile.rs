@@ -1,6 +1,8 @@
 //! Start-up reconciliation: a restarted server adopts live sandboxes, marks vanished ones lost and
 //! destroys ones it never knew.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::path::PathBuf;
