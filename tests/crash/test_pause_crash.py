@@ -46,14 +46,30 @@ def test_sigkill_inside_pause_leaves_a_whole_sandbox(point):
         model.counters[sandbox_id] = harness.read_counter(sandbox_id)
 
         reached = _link_down if point == "network-locked" else (lambda _veth: _criu_dumping())
-        def pause():
-            try:
-                warren.api("POST", f"/sandboxes/{sandbox_id}/pause")
-            except OSError:
-                pass  # the connection dies with the server
+        # The point lasts a dump (a few hundred ms); should the pause finish before a scan of /proc
+        # sees it, the sandbox is resumed and paused again.
+        for _attempt in range(10):
+            done = threading.Event()
 
-        threading.Thread(target=pause, daemon=True).start()
-        harness.wait_until(f"pause reaches {point}", lambda: reached(veth), limit=60, pause=0.001)
+            def pause():
+                try:
+                    warren.api("POST", f"/sandboxes/{sandbox_id}/pause")
+                except OSError:
+                    pass  # the connection dies with the server
+                done.set()
+
+            threading.Thread(target=pause, daemon=True).start()
+            if harness.wait_until(
+                f"pause reaches {point} or ends",
+                lambda: reached(veth) or (done.is_set() and "ended"),
+                limit=60,
+                pause=0.001,
+            ) is True:
+                break
+            model.counters[sandbox_id] = harness.read_counter(sandbox_id)  # resumes it
+            (veth,) = harness.host_links()
+        else:
+            raise AssertionError(f"10 pauses ended before {point} was seen")
         warren.sigkill()
         sys.__stderr__.write(f"\nkilled warren at {point}\n")
 
