@@ -2,6 +2,8 @@
 //! namespaced sandboxes; see crates/client/tests/support/host_agent.rs): output, JSON, exit codes,
 //! exec, the interactive shell on a real pseudo-terminal, and key management on the store.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 #[path = "../../client/tests/support/host_agent.rs"]
 mod host_agent;
 

@@ -1,5 +1,7 @@
 //! warren-client against a real Warren server, proxy and agent (see support/host_agent.rs).
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use support::host_agent::start_server;

@@ -9,6 +9,8 @@
 //! WARREN_BENCH_REPEAT (default 3), WARREN_BENCH_KEEP=1 (keep the checkpoints and their CRIU logs), WARREN_BENCH_FILL=random|text (default random: incompressible, the
 //! worst case for size; `text` is repetitive like many real heaps).
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

@@ -5,6 +5,8 @@
 //! `create` returns only once the agent's port accepts a TCP connection, so its duration is the
 //! create→agent-answers time.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 #[path = "../tests/common/mod.rs"]
 mod common;
 

@@ -31,6 +31,7 @@ pub mod capabilities;
 pub mod cgroups;
 pub mod config;
 pub mod confined;
+pub mod crash_recovery;
 pub mod host_capacity;
 mod linux_runtime;
 pub mod namespaces;
@@ -174,13 +175,34 @@ pub struct CheckpointInfo {
     pub size_bytes: u64,
 }
 
-/// Errors of the runtime, as the server sees them.
+/// Errors of the runtime, as the server sees them. Each says whose fault it is ([`RuntimeError::kind`]),
+/// which is all the server needs to pick a status; the cause stays attached for the log.
 #[derive(Debug, thiserror::Error)]
 pub enum RuntimeError {
     #[error("sandbox {0} not found")]
     NotFound(String),
+    #[error("no process {pid} in sandbox {sandbox}")]
+    ProcessNotFound { sandbox: String, pid: u32 },
     #[error("sandbox {0} already exists")]
     AlreadyExists(String),
+    /// The request is wrong (an id, a spec, a signal, a checkpoint that does not fit): the caller's
+    /// to fix.
+    #[error("{0}")]
+    InvalidSpec(String),
+    /// The sandbox cannot do this at the moment (a task CRIU cannot seize); trying again may work.
+    #[error("{context}")]
+    Busy {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+    /// The host ran out of something a sandbox needs (addresses, state disk, tasks).
+    #[error("{context}")]
+    ResourceExhausted {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
     #[error("not supported on this host: {0}")]
     Unsupported(String),
     #[error("{context}")]
@@ -189,8 +211,89 @@ pub enum RuntimeError {
         #[source]
         source: std::io::Error,
     },
-    #[error("{0}")]
-    Other(String),
+    /// The runtime failed at something that should have worked; `context` says what it was doing.
+    #[error("{context}")]
+    Internal {
+        context: String,
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
+    },
+}
+
+/// Whose fault a [`RuntimeError`] is, and so how a server answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RuntimeErrorKind {
+    /// Bad input: the request must change (HTTP 400).
+    InvalidSpec,
+    /// The sandbox or process does not exist (404).
+    NotFound,
+    /// It exists, or is in a state that does not allow this now (409).
+    Conflict,
+    /// The host is out of a resource (503, or 507 for storage).
+    ResourceExhausted,
+    /// This host cannot do it at all (501).
+    Unsupported,
+    /// The runtime's own failure (500).
+    Internal,
+}
+
+impl RuntimeError {
+    /// An internal failure while doing `context`, caused by `source`.
+    pub fn internal(
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        RuntimeError::Internal {
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
+    }
+
+    /// An internal failure with no underlying error (what went wrong is all in `context`).
+    pub fn failed(context: impl Into<String>) -> Self {
+        RuntimeError::Internal {
+            context: context.into(),
+            source: None,
+        }
+    }
+
+    /// Whose fault this is. An error caused, anywhere in its chain, by a full disk or quota is
+    /// [`RuntimeErrorKind::ResourceExhausted`] whatever variant carries it.
+    pub fn kind(&self) -> RuntimeErrorKind {
+        if self.out_of_space() {
+            return RuntimeErrorKind::ResourceExhausted;
+        }
+        match self {
+            RuntimeError::NotFound(_) | RuntimeError::ProcessNotFound { .. } => {
+                RuntimeErrorKind::NotFound
+            }
+            RuntimeError::AlreadyExists(_) | RuntimeError::Busy { .. } => {
+                RuntimeErrorKind::Conflict
+            }
+            RuntimeError::InvalidSpec(_) => RuntimeErrorKind::InvalidSpec,
+            RuntimeError::ResourceExhausted { .. } => RuntimeErrorKind::ResourceExhausted,
+            RuntimeError::Unsupported(_) => RuntimeErrorKind::Unsupported,
+            RuntimeError::Io { .. } | RuntimeError::Internal { .. } => RuntimeErrorKind::Internal,
+        }
+    }
+
+    /// Whether a full disk or an exceeded quota (ENOSPC, EDQUOT) caused this.
+    pub fn out_of_space(&self) -> bool {
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(self);
+        while let Some(error) = cause {
+            if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                let full = matches!(
+                    io.kind(),
+                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                );
+                if full || matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT)) {
+                    return true;
+                }
+            }
+            cause = error.source();
+        }
+        false
+    }
 }
 
 /// The interface the server calls. One implementation per kind of host (Linux namespaces here; a microVM
@@ -219,6 +322,12 @@ pub trait Runtime: Send + Sync {
     }
     /// Sandboxes that exist on this host, whether or not a server remembers them.
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
+    /// Called once at start-up by the sole owner of this runtime's sandboxes (the server), before
+    /// anything else: settles what the previous owner's death cut short (a checkpoint's CRIU still
+    /// running, the network held locked, a create never finished; see [`crash_recovery`]) and
+    /// returns the sandboxes that exist, as [`Runtime::list`] does. A sandbox it returns is reachable
+    /// once thawed; it may still be frozen.
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// Dump the process tree and the runtime layer into `dest`. With `leave_running` the sandbox keeps
     /// running (fork, template); without, it is gone afterwards (pause).
     fn checkpoint(
@@ -239,4 +348,90 @@ pub trait Runtime: Send + Sync {
         checkpoint: &std::path::Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_variant_has_a_kind() {
+        let io = || std::io::Error::from_raw_os_error(libc::EIO);
+        let cases = [
+            (
+                RuntimeError::NotFound("a".into()),
+                RuntimeErrorKind::NotFound,
+            ),
+            (
+                RuntimeError::ProcessNotFound {
+                    sandbox: "a".into(),
+                    pid: 7,
+                },
+                RuntimeErrorKind::NotFound,
+            ),
+            (
+                RuntimeError::AlreadyExists("a".into()),
+                RuntimeErrorKind::Conflict,
+            ),
+            (
+                RuntimeError::Busy {
+                    context: "vfork".into(),
+                    source: None,
+                },
+                RuntimeErrorKind::Conflict,
+            ),
+            (
+                RuntimeError::InvalidSpec("bad".into()),
+                RuntimeErrorKind::InvalidSpec,
+            ),
+            (
+                RuntimeError::ResourceExhausted {
+                    context: "no address".into(),
+                    source: None,
+                },
+                RuntimeErrorKind::ResourceExhausted,
+            ),
+            (
+                RuntimeError::Unsupported("criu".into()),
+                RuntimeErrorKind::Unsupported,
+            ),
+            (
+                RuntimeError::Io {
+                    context: "read".into(),
+                    source: io(),
+                },
+                RuntimeErrorKind::Internal,
+            ),
+            (
+                RuntimeError::internal("mount", io()),
+                RuntimeErrorKind::Internal,
+            ),
+            (
+                RuntimeError::failed("agent exited"),
+                RuntimeErrorKind::Internal,
+            ),
+        ];
+        for (error, kind) in cases {
+            assert_eq!(error.kind(), kind, "{error:?}");
+        }
+    }
+
+    #[test]
+    fn a_full_disk_anywhere_in_the_chain_is_exhaustion() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("archive the layer")]
+        struct Wrapper(#[source] std::io::Error);
+        let full = RuntimeError::internal(
+            "checkpoint",
+            Wrapper(std::io::Error::from_raw_os_error(libc::ENOSPC)),
+        );
+        assert_eq!(full.kind(), RuntimeErrorKind::ResourceExhausted);
+        let io = RuntimeError::Io {
+            context: "write".into(),
+            source: std::io::Error::from_raw_os_error(libc::EDQUOT),
+        };
+        assert_eq!(io.kind(), RuntimeErrorKind::ResourceExhausted);
+        let other = RuntimeError::internal("x", std::io::Error::from_raw_os_error(libc::EPERM));
+        assert_eq!(other.kind(), RuntimeErrorKind::Internal);
+    }
 }

@@ -10,6 +10,7 @@ use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
 use crate::checkpoint::{self, CheckpointError, Checkpointer, DumpTarget, FreezerCgroup, Manifest};
 use crate::config::{self, ConfigError, LinuxRuntimeConfig};
 use crate::confined::ConfinedDir;
+use crate::crash_recovery;
 use crate::network::addresses::AddressPool;
 use crate::network::egress_proxy::{EgressProxy, EgressProxyConfig};
 use crate::network::netlink::{self, Netlink};
@@ -51,8 +52,12 @@ fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Runtim
     move |source| RuntimeError::Io { context, source }
 }
 
-fn other(error: impl std::error::Error) -> RuntimeError {
-    RuntimeError::Other(crate::supervisor_error_chain(&error))
+/// An internal failure while doing `context` (the cause stays attached as the source).
+fn internal<E: std::error::Error + Send + Sync + 'static>(
+    context: impl Into<String>,
+) -> impl FnOnce(E) -> RuntimeError {
+    let context = context.into();
+    move |source| RuntimeError::internal(context, source)
 }
 
 impl LinuxRuntime {
@@ -138,7 +143,7 @@ impl LinuxRuntime {
     fn record(&self, id: &str) -> Result<SandboxRecord, RuntimeError> {
         validate_id(id)?;
         SandboxRecord::read(&self.sandbox_dir(id))
-            .map_err(other)?
+            .map_err(internal(format!("read the state of sandbox {id}")))?
             .ok_or_else(|| RuntimeError::NotFound(id.to_string()))
     }
 
@@ -175,15 +180,16 @@ impl LinuxRuntime {
     fn allocate_ip(&self, id: &str) -> Result<Ipv4Addr, RuntimeError> {
         let mut skipped = Vec::new();
         let result = loop {
-            let ip = self.addresses.allocate(id).map_err(other)?;
+            let ip = self.addresses.allocate(id).map_err(address_error)?;
             if !network::host_link_exists(&network::veth_name("wv", ip)) {
                 break Ok(ip);
             }
             skipped.push(ip);
             if skipped.len() > 256 {
-                break Err(RuntimeError::Other(
-                    "no free sandbox address: veth names taken".into(),
-                ));
+                break Err(RuntimeError::ResourceExhausted {
+                    context: "no free sandbox address: veth names taken".into(),
+                    source: None,
+                });
             }
         };
         for ip in skipped {
@@ -204,7 +210,7 @@ impl LinuxRuntime {
             && self
                 .addresses
                 .lease_exact(manifest.ip, &spec.id)
-                .map_err(other)?
+                .map_err(internal("lease the checkpoint's address"))?
         {
             return Ok(manifest.ip);
         }
@@ -227,7 +233,10 @@ impl LinuxRuntime {
         let cgroup = self
             .cgroups
             .create(&spec.id, &spec.resources)
-            .map_err(other)?;
+            .map_err(internal(format!(
+                "create the cgroups of sandbox {}",
+                spec.id
+            )))?;
         self.cap_sandbox_tasks();
         let cgroups_done = started.elapsed();
         let disk = LayerDisk::at(dir);
@@ -235,14 +244,18 @@ impl LinuxRuntime {
             spec.resources.disk_mib,
             &self.config.state_dir.join("images"),
         )
-        .map_err(other)?;
+        .map_err(internal(format!(
+            "create the writable layer of sandbox {}",
+            spec.id
+        )))?;
         let mut restore_plan = None;
         match restore {
             Some((checkpoint, manifest)) => {
                 checkpoint::prepare_layer(checkpoint, &disk.upper()).map_err(checkpoint_error)?;
                 if manifest.sandbox_id != spec.id || manifest.ip != ip {
                     // A copy under a new name or address: its /etc/hostname and /etc/hosts follow.
-                    disk.seed(&spec.id, ip).map_err(other)?;
+                    disk.seed(&spec.id, ip)
+                        .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?;
                 }
                 let criu = self.checkpointer.criu_found().ok_or_else(|| {
                     RuntimeError::Unsupported(
@@ -260,7 +273,9 @@ impl LinuxRuntime {
                         .then(|| self.config.state_dir.join("cache").join("images")),
                 });
             }
-            None => disk.seed(&spec.id, ip).map_err(other)?,
+            None => disk
+                .seed(&spec.id, ip)
+                .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?,
         }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
@@ -272,12 +287,14 @@ impl LinuxRuntime {
         };
         // nft runs while the supervisor builds the sandbox; it is waited for before create returns
         // (and before a restored sandbox's link comes up).
-        let admitted = firewall::admit(&network_plan, &spec.network, self.egress_proxy.listen())
-            .map_err(other)?;
+        let admitted =
+            firewall::admit(&network_plan, &spec.network, self.egress_proxy.listen()).map_err(
+                internal(format!("admit sandbox {} to the firewall", spec.id)),
+            )?;
         self.egress_proxy.set_rules(ip, &spec.network.egress);
         let overlay_options =
             sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
-                .map_err(other)?;
+                .map_err(internal("build the overlay options"))?;
         let supervisor_config = SupervisorConfig {
             id: spec.id.clone(),
             sandbox_dir: dir.to_path_buf(),
@@ -293,14 +310,19 @@ impl LinuxRuntime {
             restore: restore_plan,
         };
         let prepared = started.elapsed();
-        let config_path = supervisor_config.write().map_err(other)?;
+        let config_path = supervisor_config
+            .write()
+            .map_err(internal("write the supervisor config"))?;
         let launched = supervisor::launch(
             &self.supervisor_binary,
             &config_path,
             &dir.join("supervisor.log"),
             self.config.agent_timeout,
         )
-        .map_err(other)?;
+        .map_err(internal(format!(
+            "start the supervisor of sandbox {}",
+            spec.id
+        )))?;
         let record = SandboxRecord {
             id: spec.id.clone(),
             ip,
@@ -312,15 +334,19 @@ impl LinuxRuntime {
             disk_mib: spec.resources.disk_mib,
             allow_internet: spec.network.allow_internet,
         };
-        record.write(dir).map_err(other)?;
+        record
+            .write(dir)
+            .map_err(internal(format!("write the state of sandbox {}", spec.id)))?;
         let launched_at = started.elapsed();
         // The port's binding is in place before anything of the sandbox is reachable.
-        admitted.wait().map_err(other)?;
+        admitted
+            .wait()
+            .map_err(internal(format!("bind the port of sandbox {}", spec.id)))?;
         if restore.is_some() {
             // The supervisor kept the host side down while CRIU restored the sockets.
             let host = network::veth_name("wv", ip);
             network::set_host_link(&host, true)
-                .map_err(|e| RuntimeError::Other(format!("bring {host} up after restore: {e}")))?;
+                .map_err(internal(format!("bring {host} up after restore")))?;
             forget_neighbour(&self.config.bridge, ip);
         }
         self.wait_for_agent(&record, &disk)?;
@@ -373,7 +399,7 @@ impl LinuxRuntime {
                 } else {
                     "did not accept connections in time"
                 };
-                return Err(RuntimeError::Other(format!(
+                return Err(RuntimeError::failed(format!(
                     "agent of sandbox {} {what} ({addr}); agent log: {tail}",
                     record.id
                 )));
@@ -403,7 +429,9 @@ impl LinuxRuntime {
                 );
             }
         }
-        cgroup.kill_all().map_err(other)?;
+        cgroup
+            .kill_all()
+            .map_err(internal(format!("kill the tasks of sandbox {id}")))?;
         if let Some(record) = &record {
             wait_supervisor_exit(record.supervisor_pid);
         }
@@ -417,13 +445,21 @@ impl LinuxRuntime {
                 prefix: self.config.subnet_prefix,
                 ip: *ip,
             };
-            withdrawn.push(firewall::withdraw(&plan).map_err(other)?);
+            withdrawn.push(firewall::withdraw(&plan).map_err(internal(format!(
+                "withdraw the port binding of sandbox {id}"
+            )))?);
             self.egress_proxy.remove(*ip);
             delete_host_link(&plan.host_veth())?;
         }
-        namespaces::remove_pinned_netns(&dir.join("netns")).map_err(other)?;
-        LayerDisk::at(&dir).unmount().map_err(other)?;
-        cgroup.remove().map_err(other)?;
+        namespaces::remove_pinned_netns(&dir.join("netns")).map_err(internal(format!(
+            "remove the network namespace of sandbox {id}"
+        )))?;
+        LayerDisk::at(&dir)
+            .unmount()
+            .map_err(internal(format!("unmount the layer of sandbox {id}")))?;
+        cgroup
+            .remove()
+            .map_err(internal(format!("remove the cgroups of sandbox {id}")))?;
         for run in withdrawn {
             // A failure means the tables are gone (flushed by hand): nothing of the sandbox is left
             // in them either. Either way the run is over before the address can be leased again.
@@ -432,7 +468,9 @@ impl LinuxRuntime {
             }
         }
         for ip in leases {
-            self.addresses.release(ip, id).map_err(other)?;
+            self.addresses.release(ip, id).map_err(internal(format!(
+                "release the address {ip} of sandbox {id}"
+            )))?;
         }
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => {}
@@ -498,13 +536,19 @@ impl LinuxRuntime {
 
     /// Host PID of the process the sandbox calls `pid`.
     fn host_pid_of(&self, id: &str, pid: u32) -> Result<u32, RuntimeError> {
-        let host_pids = self.cgroup(id).pids().map_err(other)?;
+        let host_pids = self
+            .cgroup(id)
+            .pids()
+            .map_err(internal(format!("list the tasks of sandbox {id}")))?;
         host_pids
             .into_iter()
             .find(|host| {
                 process_table::read_host_process(*host).is_some_and(|p| p.sandbox_pid == pid)
             })
-            .ok_or_else(|| RuntimeError::Other(format!("no process {pid} in sandbox {id}")))
+            .ok_or_else(|| RuntimeError::ProcessNotFound {
+                sandbox: id.to_string(),
+                pid,
+            })
     }
 }
 
@@ -519,7 +563,7 @@ fn validate_id(id: &str) -> Result<(), RuntimeError> {
     if ok {
         Ok(())
     } else {
-        Err(RuntimeError::Other(format!(
+        Err(RuntimeError::InvalidSpec(format!(
             "invalid sandbox id {id:?}: use 1-63 letters, digits, '-', '_' or '.', not starting with '.' or '-'"
         )))
     }
@@ -528,13 +572,13 @@ fn validate_id(id: &str) -> Result<(), RuntimeError> {
 fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
     validate_id(&spec.id)?;
     if spec.layers.is_empty() {
-        return Err(RuntimeError::Other(
+        return Err(RuntimeError::InvalidSpec(
             "a sandbox needs at least one rootfs layer".into(),
         ));
     }
     for layer in &spec.layers {
         if !layer.is_dir() {
-            return Err(RuntimeError::Other(format!(
+            return Err(RuntimeError::InvalidSpec(format!(
                 "rootfs layer {} is not a directory",
                 layer.display()
             )));
@@ -542,16 +586,19 @@ fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
     }
     let r = &spec.resources;
     if !r.vcpus.is_finite() || r.vcpus < 0.0 {
-        return Err(RuntimeError::Other(format!("invalid vcpus {}", r.vcpus)));
+        return Err(RuntimeError::InvalidSpec(format!(
+            "invalid vcpus {}",
+            r.vcpus
+        )));
     }
     if r.memory_mib < 16 {
-        return Err(RuntimeError::Other(format!(
+        return Err(RuntimeError::InvalidSpec(format!(
             "memory_mib {} is below the 16 MiB minimum",
             r.memory_mib
         )));
     }
     if r.disk_mib < 16 {
-        return Err(RuntimeError::Other(format!(
+        return Err(RuntimeError::InvalidSpec(format!(
             "disk_mib {} is below the 16 MiB minimum",
             r.disk_mib
         )));
@@ -577,8 +624,8 @@ fn delete_host_link(name: &str) -> Result<(), RuntimeError> {
     let name = name.to_string();
     std::thread::spawn(move || netlink::run(async { Netlink::connect()?.delete_link(&name).await }))
         .join()
-        .map_err(|_| RuntimeError::Other("netlink thread panicked".into()))?
-        .map_err(other)
+        .map_err(|_| RuntimeError::failed("netlink thread panicked"))?
+        .map_err(internal("delete a host link"))
 }
 
 /// Waits (bounded) for a sandbox's supervisor to exit after its init died.
@@ -627,7 +674,7 @@ impl Runtime for LinuxRuntime {
             .map(|id| LayerDisk::at(&self.sandbox_dir(&id)).image);
         crate::host_capacity::measure(&self.config.state_dir, images)
             .map(|facts| facts.capacity())
-            .map_err(|e| RuntimeError::Other(crate::supervisor_error_chain(&e)))
+            .map_err(internal("measure the host's capacity"))
     }
 
     fn capabilities(&self) -> Capabilities {
@@ -674,19 +721,27 @@ impl Runtime for LinuxRuntime {
 
     fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
         self.live_record(id)?;
-        self.cgroup(id).freeze().map_err(other)
+        self.cgroup(id)
+            .freeze()
+            .map_err(internal(format!("freeze sandbox {id}")))
     }
 
     fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
         self.live_record(id)?;
-        self.cgroup(id).thaw().map_err(other)
+        self.cgroup(id)
+            .thaw()
+            .map_err(internal(format!("thaw sandbox {id}")))
     }
 
     fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
         let record = self.live_record(id)?;
         let cgroup = self.cgroup(id);
-        let cpu_usage_usec = cgroup.cpu_usage_usec().map_err(other)?;
-        let (memory_bytes, memory_limit_bytes) = cgroup.memory().map_err(other)?;
+        let cpu_usage_usec = cgroup
+            .cpu_usage_usec()
+            .map_err(internal(format!("read the CPU use of sandbox {id}")))?;
+        let (memory_bytes, memory_limit_bytes) = cgroup
+            .memory()
+            .map_err(internal(format!("read the memory use of sandbox {id}")))?;
         let (disk_used_bytes, disk_limit_bytes) = LayerDisk::at(&self.sandbox_dir(id))
             .usage()
             .unwrap_or((0, record.disk_mib * 1024 * 1024));
@@ -698,13 +753,18 @@ impl Runtime for LinuxRuntime {
             memory_limit_bytes,
             disk_used_bytes,
             disk_limit_bytes,
-            pids: cgroup.pids_current().map_err(other)?,
+            pids: cgroup
+                .pids_current()
+                .map_err(internal(format!("count the tasks of sandbox {id}")))?,
         })
     }
 
     fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
         let record = self.live_record(id)?;
-        let host_pids = self.cgroup(id).pids().map_err(other)?;
+        let host_pids = self
+            .cgroup(id)
+            .pids()
+            .map_err(internal(format!("list the tasks of sandbox {id}")))?;
         let now = Instant::now();
         let earlier = self
             .process_samples
@@ -734,10 +794,10 @@ impl Runtime for LinuxRuntime {
     fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError> {
         self.live_record(id)?;
         let signal = nix::sys::signal::Signal::try_from(signal)
-            .map_err(|_| RuntimeError::Other(format!("invalid signal number {signal}")))?;
+            .map_err(|_| RuntimeError::InvalidSpec(format!("invalid signal number {signal}")))?;
         let host_pid = self.host_pid_of(id, pid)?;
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(host_pid as i32), signal)
-            .map_err(|e| RuntimeError::Other(format!("kill process {pid} in sandbox {id}: {e}")))
+            .map_err(internal(format!("kill process {pid} in sandbox {id}")))
     }
 
     fn egress_trust_anchor(&self) -> Option<String> {
@@ -752,7 +812,8 @@ impl Runtime for LinuxRuntime {
         if !network.egress.allow_hosts.is_empty() || !network.egress.header_rules.is_empty() {
             self.egress_proxy.set_rules(record.ip, &network.egress);
         }
-        firewall::set_network(record.ip, network, self.egress_proxy.listen()).map_err(other)?;
+        firewall::set_network(record.ip, network, self.egress_proxy.listen())
+            .map_err(internal(format!("set the network of sandbox {id}")))?;
         self.egress_proxy.set_rules(record.ip, &network.egress);
         Ok(())
     }
@@ -782,6 +843,46 @@ impl Runtime for LinuxRuntime {
         Ok(sandboxes)
     }
 
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        let mut sandboxes = Vec::new();
+        for id in self.known_ids() {
+            if validate_id(&id).is_err() {
+                continue;
+            }
+            let dir = self.sandbox_dir(&id);
+            match SandboxRecord::read(&dir) {
+                Ok(Some(record)) if record.init_alive() => {
+                    let dumps = || crash_recovery::dumps_of(record.init_pid);
+                    let killed = crash_recovery::wait_then_kill(dumps, crash_recovery::DUMP_WAIT);
+                    if killed > 0 {
+                        tracing::warn!(sandbox = %id, killed, "killed a checkpoint dump that did not end");
+                    }
+                    if record.init_alive() {
+                        // No dump runs any more: whatever network lock is left is stale.
+                        let host = network::veth_name("wv", record.ip);
+                        network::set_host_link(&host, true)
+                            .map_err(internal(format!("bring {host} up after a restart")))?;
+                        sandboxes.push(self.sandbox_of(&record));
+                        continue;
+                    }
+                }
+                Ok(None) => {
+                    // A create or restore whose caller died: its supervisor may still be building it.
+                    crash_recovery::wait_then_kill(
+                        || crash_recovery::supervisors_of(&dir),
+                        Duration::ZERO,
+                    );
+                }
+                _ => {}
+            }
+            tracing::info!(sandbox = %id, "reclaiming what a dead or unfinished sandbox left");
+            if let Err(error) = self.teardown(&id) {
+                tracing::warn!(sandbox = %id, %error, "reclaiming a dead sandbox");
+            }
+        }
+        Ok(sandboxes)
+    }
+
     fn checkpoint(
         &self,
         id: &str,
@@ -799,7 +900,7 @@ impl Runtime for LinuxRuntime {
         }
         let dir = self.sandbox_dir(id);
         if dest.starts_with(&dir) {
-            return Err(RuntimeError::Other(format!(
+            return Err(RuntimeError::InvalidSpec(format!(
                 "checkpoint destination {} lies inside the sandbox's own directory",
                 dest.display()
             )));
@@ -818,7 +919,7 @@ impl Runtime for LinuxRuntime {
         // The network is locked for the dump by holding the veth's host side down.
         let host = network::veth_name("wv", record.ip);
         network::set_host_link(&host, false)
-            .map_err(|e| RuntimeError::Other(format!("lock the network ({host} down): {e}")))?;
+            .map_err(internal(format!("lock the network ({host} down)")))?;
         let dumped = self.checkpointer.dump(&target, dest, leave_running);
         if leave_running || dumped.is_err() {
             if let Err(e) = network::set_host_link(&host, true) {
@@ -847,15 +948,22 @@ impl Runtime for LinuxRuntime {
     fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
         self.live_record(id)?;
         let cgroup = self.cgroup(id);
-        let was_frozen = cgroup.is_frozen().map_err(other)?;
+        let was_frozen = cgroup
+            .is_frozen()
+            .map_err(internal(format!("read the freezer of sandbox {id}")))?;
         if !was_frozen {
-            cgroup.freeze().map_err(other)?;
+            cgroup
+                .freeze()
+                .map_err(internal(format!("freeze sandbox {id}")))?;
         }
         let disk = LayerDisk::at(&self.sandbox_dir(id));
         nix::unistd::sync();
-        let result = commit::commit_upper(&disk.upper(), dest).map_err(other);
+        let result = commit::commit_upper(&disk.upper(), dest)
+            .map_err(internal(format!("commit the layer of sandbox {id}")));
         if !was_frozen {
-            cgroup.thaw().map_err(other)?;
+            cgroup
+                .thaw()
+                .map_err(internal(format!("thaw sandbox {id}")))?;
         }
         result
     }
@@ -872,7 +980,7 @@ impl Runtime for LinuxRuntime {
         }
         let manifest = Manifest::read(checkpoint).map_err(checkpoint_error)?;
         if manifest.layers != spec.layers {
-            return Err(RuntimeError::Other(format!(
+            return Err(RuntimeError::InvalidSpec(format!(
                 "checkpoint {} was taken over layers {:?}; the spec names {:?}",
                 checkpoint.display(),
                 manifest.layers,
@@ -903,6 +1011,17 @@ impl Runtime for LinuxRuntime {
     }
 }
 
+/// An address lease failure: an empty pool is the host's limit, anything else the runtime's fault.
+fn address_error(error: crate::network::addresses::AddressError) -> RuntimeError {
+    match error {
+        crate::network::addresses::AddressError::Exhausted(_) => RuntimeError::ResourceExhausted {
+            context: "lease a sandbox address".into(),
+            source: Some(Box::new(error)),
+        },
+        other_error => RuntimeError::internal("lease a sandbox address", other_error),
+    }
+}
+
 /// The runtime's view of a checkpoint failure.
 fn checkpoint_error(error: CheckpointError) -> RuntimeError {
     match error {
@@ -910,7 +1029,11 @@ fn checkpoint_error(error: CheckpointError) -> RuntimeError {
             RuntimeError::Unsupported(format!("checkpoints: {why}"))
         }
         CheckpointError::Io { context, source } => RuntimeError::Io { context, source },
-        other_error => RuntimeError::Other(crate::supervisor_error_chain(&other_error)),
+        CheckpointError::Criu { .. } if checkpoint::is_unseizable(&error) => RuntimeError::Busy {
+            context: "a task of the sandbox cannot be stopped for the checkpoint now (in vfork?); try again".into(),
+            source: Some(Box::new(error)),
+        },
+        other_error => RuntimeError::internal("checkpoint", other_error),
     }
 }
 

@@ -3,6 +3,8 @@
 //! (`NetworkSpec::raw_sockets`), the strongest a sandbox can be, and forges frames with python3's
 //! packet sockets. Every address is a sandbox's, the bridge's, or one in a namespace the test makes.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::net::{Ipv4Addr, UdpSocket};

@@ -2,6 +2,8 @@
 //! exactly what it held at the dump and the counter goes on from its value (the file stays a run of
 //! consecutive integers). Real CRIU, real processes.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod checkpoint_support;
 
 use std::time::Duration;

@@ -3,6 +3,8 @@
 //! also holds a loopback TCP connection, a pipe, a PTY and an interval timer, which must all work in
 //! every copy.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod checkpoint_support;
 
 use anyhow::{ensure, Context, Result};

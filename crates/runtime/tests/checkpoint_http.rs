@@ -3,6 +3,8 @@
 //! no checkpoint behind; a failed restore (corrupt checkpoint, or CRIU failing) leaves the checkpoint
 //! intact for a later restore that works.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod checkpoint_support;
 
 use std::io::{Read, Write};

@@ -1,5 +1,7 @@
 //! The real warren-agent as PID 1 survives pause/resume and fork (when WARREN_TEST_AGENT names it).
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::io::{Read, Write};

@@ -3,6 +3,8 @@
 //! the same address with the counter going on; fork = checkpoint with leave_running, restored under a
 //! new ID at a new address and hostname, diverging; nothing left behind.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::time::{Duration, Instant};

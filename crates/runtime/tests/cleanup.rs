@@ -1,5 +1,7 @@
 //! 1,000 create/destroy cycles leave no mount, loop device, veth, lease, cgroup or directory behind.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,6 +6,8 @@
 //! address with a real HTTPS server (a CA of the test's own) for the header rules, and a dnsmasq of
 //! the test's own answering the names. No packet leaves the machine.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::io::{Read, Write};

@@ -4,6 +4,8 @@
 //! layer, and a directory swapped for a symlink in a loop while the host commits the layer. After each
 //! the host files keep their content and nothing new appears outside the sandbox.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -1,5 +1,7 @@
 //! Isolation battery: what a sandbox must not see or do.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::path::PathBuf;

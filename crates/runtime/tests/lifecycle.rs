@@ -1,6 +1,8 @@
 //! Operations on a running sandbox: freeze/thaw, stats, processes, kill_process, list, commit_layer,
 //! and the errors of bad calls.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::time::Duration;
@@ -142,7 +144,7 @@ fn bad_calls_get_clear_errors() {
     ));
     assert!(matches!(
         runtime.freeze("../etc"),
-        Err(RuntimeError::Other(_))
+        Err(RuntimeError::InvalidSpec(_))
     ));
     let mut spec = common::spec(
         "wt-errors",
@@ -150,12 +152,12 @@ fn bad_calls_get_clear_errors() {
         common::resources(),
     );
     assert!(
-        matches!(runtime.create(&spec), Err(RuntimeError::Other(m)) if m.contains("not a directory"))
+        matches!(runtime.create(&spec), Err(RuntimeError::InvalidSpec(m)) if m.contains("not a directory"))
     );
     spec.layers = vec![base.clone()];
     spec.resources.memory_mib = 1;
     assert!(
-        matches!(runtime.create(&spec), Err(RuntimeError::Other(m)) if m.contains("memory_mib"))
+        matches!(runtime.create(&spec), Err(RuntimeError::InvalidSpec(m)) if m.contains("memory_mib"))
     );
     spec.resources = common::resources();
     let sandbox = runtime.create(&spec).expect("create");

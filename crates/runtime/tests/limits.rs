@@ -1,5 +1,7 @@
 //! Resource limits: CPU quota, memory limit, disk size, pids limit; the host stays responsive.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::time::{Duration, Instant};

@@ -1,6 +1,8 @@
 //! What one sandbox can take from the others and the host: kernel interfaces (io_uring), host facts
 //! (cgroup paths), devices, and host-wide kernel counters (inotify).
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod common;
 
 use std::path::Path;

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
 mod common;
 
 use warren_runtime::Runtime;

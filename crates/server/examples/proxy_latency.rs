@@ -3,6 +3,8 @@
 //!
 //! `cargo run --release -p warren-server --example proxy_latency [requests]`
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 #[path = "../tests/support/fake_runtime.rs"]
 #[allow(dead_code)]
 mod fake_runtime;

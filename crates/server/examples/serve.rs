@@ -5,6 +5,8 @@
 //! `cargo run -p warren-server --example serve -- /tmp/wt-state [agent-binary]`; `WARREN_API_LISTEN` and
 //! `WARREN_PROXY_LISTEN` override the listeners.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 use std::path::PathBuf;
 
 #[tokio::main]

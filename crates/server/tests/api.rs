@@ -1,6 +1,8 @@
 //! The REST API against a real server (port 0, temp state) on a fake runtime: paths, bodies, status
 //! codes and error bodies as the E2B SDK expects them.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::time::Duration;

@@ -2,6 +2,8 @@
 //! create and on update, E2B's semantics (allow wins; no internet access = deny everything), and the
 //! refusals.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use axum::http::{Method, StatusCode};

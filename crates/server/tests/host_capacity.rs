@@ -2,6 +2,8 @@
 //! and how much state disk the sandboxes may still take (injected here), and a create beyond either is
 //! refused with a status and a message naming the resource.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use hyper::{Method, StatusCode};

@@ -2,6 +2,8 @@
 //! sandbox (also when the retries race the first), a changed request under the same key is refused,
 //! a failed create leaves the key free for the retry, and keys are per team.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use axum::http::{Method, StatusCode};

@@ -2,6 +2,8 @@
 //! agent through the proxy with the access token, pause, connect (resume), expire. Skips (with a SKIP
 //! line) where the host cannot run sandboxes.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::path::{Path, PathBuf};

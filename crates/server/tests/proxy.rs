@@ -1,5 +1,7 @@
 //! The sandbox proxy against a real server on a fake runtime whose "agents" echo requests.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::time::Duration;

@@ -1,6 +1,8 @@
 //! Start-up reconciliation: a restarted server adopts live sandboxes, marks vanished ones lost and
 //! destroys ones it never knew.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::path::PathBuf;
@@ -80,6 +82,50 @@ async fn restart_adopts_loses_and_destroys() {
         server.lifecycle.kill(id, "test over").await.unwrap();
     }
     assert!(runtime.live_ids().is_empty());
+    server.shutdown().await.unwrap();
+    drop(keep);
+}
+
+/// A fork or snapshot a crash cut short leaves its source frozen under a `running` row and a
+/// temporary checkpoint directory: the restart thaws the source and removes the directory.
+#[tokio::test]
+async fn restart_thaws_a_source_frozen_by_a_cut_short_checkpoint() {
+    let runtime = FakeRuntime::new(true);
+    let h = Harness::start_on(runtime.clone(), |_| {}).await;
+    let id = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let state_dir = h.server.state_dir().to_path_buf();
+    let warren_testkit::TestServer {
+        server: old,
+        state_dir: keep,
+        ..
+    } = h.server;
+    old.shutdown().await.unwrap();
+    // What the dead server left: the source frozen, a half-written checkpoint.
+    runtime.freeze(&id).unwrap();
+    let half = state_dir.join("snapshots").join(".snap-x.tmp-1-2");
+    std::fs::create_dir_all(half.join("images")).unwrap();
+
+    let config = warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    let server = Server::start(config, runtime.clone()).await.unwrap();
+    assert_eq!(server.reconcile.adopted, vec![id.clone()]);
+    assert!(server.reconcile.orphan_dirs_removed.contains(&half));
+    assert!(!half.exists());
+    let listed = runtime.list().unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].state, warren_runtime::RuntimeState::Running);
+    let record = server
+        .lifecycle
+        .store()
+        .get_sandbox(&id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.state, SandboxState::Running);
+
+    server.lifecycle.kill(&id, "test over").await.unwrap();
     server.shutdown().await.unwrap();
     drop(keep);
 }

@@ -1,6 +1,8 @@
 //! Fork, snapshots, retention and the faults around them, on the tests' fake runtime: API shapes and
 //! status codes as the official SDK 2.63 parses them, state transitions and events.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use std::path::PathBuf;

@@ -2,6 +2,8 @@
 //! bodies as the E2B SDK's Template builder and the legacy API use them. Real builds (RUN steps in real
 //! sandboxes) are covered by template_build.rs and tests/e2e/test_templates_e2e.py.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use hyper::{Method, StatusCode};

@@ -6,6 +6,8 @@
 //! $WARREN_TEST_AGENT) and warren-supervisor next to the test binary (cargo build --workspace); prints
 //! one SKIP line otherwise.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};

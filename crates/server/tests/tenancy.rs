@@ -2,6 +2,8 @@
 //! acts on its own sandboxes and snapshots only (another team's answer exactly as missing ones do),
 //! per-team quotas answer 429, and only admin keys reach /teams and /api-keys.
 
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
 mod support;
 
 use axum::http::{Method, StatusCode};

@@ -322,9 +322,10 @@ async fn pump_pty(master: Arc<AsyncFd<OwnedFd>>, events: broadcast::Sender<Event
         let Ok(mut guard) = master.readable().await else {
             return;
         };
-        match guard
-            .try_io(|fd| nix::unistd::read(fd.get_ref(), &mut buf).map_err(std::io::Error::from))
-        {
+        match guard.try_io(|fd| {
+            nix::unistd::read(std::os::fd::AsRawFd::as_raw_fd(fd.get_ref()), &mut buf)
+                .map_err(std::io::Error::from)
+        }) {
             // EIO: every slave fd is closed, the session is over.
             Ok(Ok(0)) | Ok(Err(_)) => return,
             Ok(Ok(n)) => {

@@ -76,7 +76,8 @@ pub fn spawn(reaper: &Reaper, request: SpawnRequest) -> Result<Spawned, SpawnErr
         };
         let pty = openpty(Some(&size), None).map_err(SpawnError::Pty)?;
         for fd in [&pty.master, &pty.slave] {
-            fcntl(fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC)).map_err(SpawnError::Pty)?;
+            fcntl(fd.as_raw_fd(), FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC))
+                .map_err(SpawnError::Pty)?;
         }
         let clone = |fd: &OwnedFd| fd.try_clone().map_err(SpawnError::Io);
         command
@@ -113,9 +114,9 @@ pub fn spawn(reaper: &Reaper, request: SpawnRequest) -> Result<Spawned, SpawnErr
     let pid = child.id();
     let io = match pty_master {
         Some(master) => {
-            let flags = fcntl(&master, FcntlArg::F_GETFL).map_err(SpawnError::Pty)?;
+            let flags = fcntl(master.as_raw_fd(), FcntlArg::F_GETFL).map_err(SpawnError::Pty)?;
             fcntl(
-                &master,
+                master.as_raw_fd(),
                 FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
             )
             .map_err(SpawnError::Pty)?;

@@ -187,6 +187,21 @@ impl Criu {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
+        // A dump that starts after its caller died would run unseen by the next owner's recovery
+        // (between fork and exec the child still looks like the caller): the child checks, as the
+        // last thing before exec, that its parent is the caller.
+        // SAFETY: getpid has no preconditions.
+        let caller = unsafe { libc::getpid() };
+        // SAFETY: the closure only calls getppid(2), which is async-signal-safe, and allocates
+        // nothing.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::getppid() != caller {
+                    return Err(std::io::Error::other("the caller of criu dump died"));
+                }
+                Ok(())
+            });
+        }
         run(command, "dump", args.log)
     }
 

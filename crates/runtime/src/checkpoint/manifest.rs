@@ -56,20 +56,29 @@ impl Manifest {
                 source,
             },
         })?;
-        let manifest: Manifest = serde_json::from_slice(&bytes)
-            .map_err(|e| CheckpointError::Invalid(format!("{}: {e}", path.display())))?;
+        Self::from_json(&bytes).map_err(|e| match e {
+            CheckpointError::Invalid(why) => {
+                CheckpointError::Invalid(format!("{}: {why}", path.display()))
+            }
+            other => other,
+        })
+    }
+
+    /// Parses and checks manifest bytes (a checkpoint's, so possibly hostile or damaged): the format
+    /// version must be this Warren's, every file a plain relative path.
+    pub fn from_json(bytes: &[u8]) -> Result<Self, CheckpointError> {
+        let manifest: Manifest = serde_json::from_slice(bytes)
+            .map_err(|e| CheckpointError::Invalid(format!("manifest: {e}")))?;
         if manifest.format != FORMAT {
             return Err(CheckpointError::Invalid(format!(
-                "{} has checkpoint format {}, this Warren reads {FORMAT}",
-                checkpoint.display(),
+                "checkpoint format {}, this Warren reads {FORMAT}",
                 manifest.format
             )));
         }
         for file in manifest.images.iter().chain([&manifest.layer]) {
             if !is_plain_relative(&file.path) || !is_plain_name(&file.name) {
                 return Err(CheckpointError::Invalid(format!(
-                    "{}: bad file name {:?}",
-                    path.display(),
+                    "bad file name {:?}",
                     file.path
                 )));
             }

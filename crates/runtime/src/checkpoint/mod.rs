@@ -367,7 +367,8 @@ pub fn set_hostname(pid: u32, hostname: &str) -> Result<(), CheckpointError> {
 /// How often a dump is tried when CRIU cannot seize a task.
 const DUMP_ATTEMPTS: u32 = 4;
 
-fn is_unseizable(error: &CheckpointError) -> bool {
+/// Whether CRIU failed because a task could not be stopped (a vfork in flight): worth a retry.
+pub(crate) fn is_unseizable(error: &CheckpointError) -> bool {
     matches!(error, CheckpointError::Criu { message, .. } if message.contains("Unseizable") || message.contains("Timeout reached"))
 }
 

@@ -9,6 +9,7 @@ use warren_proto::api;
 
 use crate::lifecycle::{LifecycleError, RouteError};
 use crate::store::StoreError;
+use warren_runtime::{RuntimeError, RuntimeErrorKind};
 
 #[derive(Debug)]
 pub struct ApiError {
@@ -40,21 +41,27 @@ impl ApiError {
 
     /// Log `error` with its causes under a fresh ID and answer a plain 500 naming only the ID.
     pub fn internal(error: &(dyn std::error::Error + 'static)) -> Self {
-        let id = format!("{:016x}", rand::thread_rng().gen::<u64>());
-        let mut chain = error.to_string();
-        let mut source = error.source();
-        while let Some(cause) = source {
-            chain.push_str(": ");
-            chain.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        tracing::error!(error_id = %id, error = %chain, "internal error");
+        let id = log_with_id(error);
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: format!("internal server error (error id {id})"),
             error_code: Some("internal_server_error"),
         }
     }
+}
+
+/// Logs `error` with its cause chain under a fresh error id, and returns the id.
+fn log_with_id(error: &(dyn std::error::Error + 'static)) -> String {
+    let id = format!("{:016x}", rand::thread_rng().gen::<u64>());
+    let mut chain = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        chain.push_str(": ");
+        chain.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    tracing::error!(error_id = %id, error = %chain, "internal error");
+    id
 }
 
 impl IntoResponse for ApiError {
@@ -99,11 +106,58 @@ impl From<LifecycleError> for ApiError {
                 message: message.clone(),
                 error_code: Some("not_supported_on_this_host"),
             },
-            LifecycleError::Runtime { .. }
-            | LifecycleError::AgentInit { .. }
+            LifecycleError::Runtime { action, id, source } => {
+                runtime_failure(action, id, source, &error)
+            }
+            LifecycleError::AgentInit { .. }
             | LifecycleError::TemplateStart { .. }
             | LifecycleError::Store(_) => ApiError::internal(&error),
         }
+    }
+}
+
+/// The one mapping of the runtime's errors to answers, by whose fault they are. Messages of bad
+/// input go to the client as they are (they name the problem); a host out of resources gets a fixed
+/// message, an internal failure only an error id (details, which may hold host paths, are logged).
+fn runtime_failure(
+    action: &str,
+    id: &str,
+    source: &RuntimeError,
+    error: &LifecycleError,
+) -> ApiError {
+    match source.kind() {
+        RuntimeErrorKind::InvalidSpec => ApiError::bad_request(source.to_string()),
+        RuntimeErrorKind::NotFound => ApiError::not_found(source.to_string()),
+        RuntimeErrorKind::Conflict => ApiError::new(StatusCode::CONFLICT, source.to_string()),
+        RuntimeErrorKind::Unsupported => ApiError {
+            status: StatusCode::NOT_IMPLEMENTED,
+            message: source.to_string(),
+            error_code: Some("not_supported_on_this_host"),
+        },
+        RuntimeErrorKind::ResourceExhausted => {
+            let logged = log_with_id(error);
+            let (status, what, code) = if source.out_of_space() {
+                (
+                    StatusCode::INSUFFICIENT_STORAGE,
+                    "storage",
+                    "insufficient_storage",
+                )
+            } else {
+                (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "resources",
+                    "host_resources_exhausted",
+                )
+            };
+            ApiError {
+                status,
+                message: format!(
+                    "the host is out of {what}: cannot {action} sandbox {id} now; try again later (error id {logged})"
+                ),
+                error_code: Some(code),
+            }
+        }
+        RuntimeErrorKind::Internal => ApiError::internal(error),
     }
 }
 
@@ -119,5 +173,82 @@ impl From<RouteError> for ApiError {
             RouteError::NotFound(id) => ApiError::not_found(format!("sandbox {id} not found")),
             other => ApiError::internal(&other),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(source: RuntimeError) -> ApiError {
+        ApiError::from(LifecycleError::Runtime {
+            action: "create",
+            id: "sbx1".into(),
+            source,
+        })
+    }
+
+    #[test]
+    fn runtime_errors_map_by_whose_fault_they_are() {
+        let bad = answer(RuntimeError::InvalidSpec(
+            "memory_mib 4 is below the 16 MiB minimum".into(),
+        ));
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+        assert!(bad.message.contains("memory_mib 4"), "{}", bad.message);
+
+        let gone = answer(RuntimeError::ProcessNotFound {
+            sandbox: "sbx1".into(),
+            pid: 9,
+        });
+        assert_eq!(gone.status, StatusCode::NOT_FOUND);
+        assert_eq!(
+            answer(RuntimeError::NotFound("sbx1".into())).status,
+            StatusCode::NOT_FOUND
+        );
+        assert_eq!(
+            answer(RuntimeError::AlreadyExists("sbx1".into())).status,
+            StatusCode::CONFLICT
+        );
+        let busy = answer(RuntimeError::Busy {
+            context: "a task is in vfork".into(),
+            source: None,
+        });
+        assert_eq!(busy.status, StatusCode::CONFLICT);
+        assert_eq!(
+            answer(RuntimeError::Unsupported("checkpoints".into())).status,
+            StatusCode::NOT_IMPLEMENTED
+        );
+
+        let addresses = answer(RuntimeError::ResourceExhausted {
+            context: "no free sandbox address".into(),
+            source: None,
+        });
+        assert_eq!(addresses.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(addresses.error_code, Some("host_resources_exhausted"));
+        assert!(
+            addresses.message.contains("error id"),
+            "{}",
+            addresses.message
+        );
+
+        // A full state disk deep in the chain: 507, and no host path in the answer.
+        let full = answer(RuntimeError::Io {
+            context: "write /var/lib/warren/sandboxes/sbx1/layer.img".into(),
+            source: std::io::Error::from(std::io::ErrorKind::StorageFull),
+        });
+        assert_eq!(full.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert!(!full.message.contains("/var/lib"), "{}", full.message);
+
+        let internal = answer(RuntimeError::internal(
+            "mount the overlay at /var/lib/warren/x",
+            std::io::Error::from(std::io::ErrorKind::InvalidInput),
+        ));
+        assert_eq!(internal.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            !internal.message.contains("/var/lib"),
+            "{}",
+            internal.message
+        );
+        assert!(internal.message.contains("error id"));
     }
 }

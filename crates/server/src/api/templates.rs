@@ -63,7 +63,11 @@ impl From<BuildsError> for ApiError {
             }
             BuildsError::BuiltIn(_) => ApiError::new(StatusCode::CONFLICT, error.to_string()),
             BuildsError::BadRequest(_)
-            | BuildsError::Upload(UploadError::BadHash(_) | UploadError::UnsafePath { .. })
+            | BuildsError::Upload(
+                UploadError::BadHash(_)
+                | UploadError::UnsafePath { .. }
+                | UploadError::SpecialFile { .. },
+            )
             | BuildsError::Version(VersionError::BadId(_)) => {
                 ApiError::bad_request(error.to_string())
             }

@@ -236,7 +236,7 @@ impl Lifecycle {
         tokio::task::spawn_blocking(move || call(runtime.as_ref()))
             .await
             .unwrap_or_else(|join| {
-                Err(RuntimeError::Other(format!(
+                Err(RuntimeError::failed(format!(
                     "runtime call panicked: {join}"
                 )))
             })

@@ -3,6 +3,11 @@
 //! know are destroyed. A pause or resume that a crash cut short is settled from what is on disk and on
 //! the host: a complete checkpoint means paused, a tree still running means running, a frozen tree means
 //! paused in memory; nothing that could still be resumed is thrown away.
+//!
+//! The runtime's [`warren_runtime::Runtime::recover`] runs first: it waits for checkpoint dumps the
+//! dead server left running, lifts their network lock and reclaims half-created sandboxes, so what
+//! is adopted here is reachable. A `running` sandbox found frozen (a fork or snapshot cut short) is
+//! thawed; checkpoints never renamed into place (half-written) are removed.
 
 use std::collections::HashMap;
 
@@ -27,10 +32,10 @@ pub struct ReconcileReport {
 
 pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
     let live = lifecycle
-        .on_runtime(|runtime| runtime.list())
+        .on_runtime(|runtime| runtime.recover())
         .await
         .map_err(|source| LifecycleError::Runtime {
-            action: "list",
+            action: "recover",
             id: "*".to_string(),
             source,
         })?;
@@ -55,6 +60,27 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
         match (record.state, running) {
             (SandboxState::Paused, None) if record.pause_kind == Some(PauseKind::Checkpoint) => {
                 report.kept_checkpoints.push(record.id.clone());
+            }
+            (SandboxState::Running, Some(sandbox))
+                if sandbox.state == warren_runtime::RuntimeState::Frozen =>
+            {
+                // Frozen under a running record: a fork, snapshot or layer commit that leaves the
+                // sandbox running was cut short. Its memory is whole; let it run on.
+                if thaw(lifecycle, &record.id).await {
+                    record.ip = Some(sandbox.ip);
+                    record.init_pid = Some(sandbox.init_pid);
+                    lifecycle.remember_route(&record);
+                    report.adopted.push(record.id.clone());
+                } else {
+                    destroy(lifecycle, &record.id).await;
+                    lose(
+                        lifecycle,
+                        &mut record,
+                        "frozen by a checkpoint a restart cut short, and it would not thaw",
+                    )
+                    .await?;
+                    report.lost.push(record.id.clone());
+                }
             }
             (SandboxState::Running | SandboxState::Paused, Some(sandbox)) => {
                 let frozen = sandbox.state == warren_runtime::RuntimeState::Frozen;
@@ -113,6 +139,9 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
         report.destroyed.push(id);
     }
     report.orphan_dirs_removed = lifecycle.remove_orphan_snapshot_dirs().await?;
+    report
+        .orphan_dirs_removed
+        .extend(remove_unfinished_checkpoints(&lifecycle.config().snapshots_dir()).await);
     tracing::info!(
         adopted = ?report.adopted,
         lost = ?report.lost,
@@ -123,6 +152,39 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
         "reconciled store with runtime"
     );
     Ok(report)
+}
+
+/// Removes the temporary directories of checkpoints a restart cut short (an `AtomicDir` is renamed
+/// into place only once complete, so any left is half-written). Runs before the server takes
+/// requests, after the runtime's recovery waited for the dumps that were still writing.
+async fn remove_unfinished_checkpoints(root: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut removed = Vec::new();
+    let Ok(mut entries) = tokio::fs::read_dir(root).await else {
+        return removed;
+    };
+    while let Ok(Some(entry)) = entries.next_entry().await {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.contains(".tmp-") {
+            let path = entry.path();
+            remove_snapshot(&path).await;
+            removed.push(path);
+        }
+    }
+    removed
+}
+
+async fn thaw(lifecycle: &Lifecycle, id: &str) -> bool {
+    let owned = id.to_string();
+    match lifecycle
+        .on_runtime(move |runtime| runtime.thaw(&owned))
+        .await
+    {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::warn!(sandbox = %id, %error, "cannot thaw during reconciliation");
+            false
+        }
+    }
 }
 
 async fn destroy(lifecycle: &Lifecycle, id: &str) {

@@ -263,7 +263,7 @@ impl Runtime for FakeRuntime {
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
         if self.fail_create.load(Ordering::SeqCst) {
-            return Err(RuntimeError::Other(
+            return Err(RuntimeError::failed(
                 "wt injected failure: secret detail".to_string(),
             ));
         }
@@ -342,6 +342,10 @@ impl Runtime for FakeRuntime {
         Ok(())
     }
 
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        // Nothing of this fake outlives its owner: recovering is listing.
+        self.list()
+    }
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
         Ok(self
             .sandboxes
@@ -362,7 +366,7 @@ impl Runtime for FakeRuntime {
             return Err(RuntimeError::Unsupported("no CRIU in the fake".to_string()));
         }
         if self.fail_checkpoint.load(Ordering::SeqCst) {
-            return Err(RuntimeError::Other("fake dump failure".to_string()));
+            return Err(RuntimeError::failed("fake dump failure".to_string()));
         }
         if !self.sandboxes.lock().unwrap().contains_key(id) {
             return Err(RuntimeError::NotFound(id.to_string()));
@@ -398,7 +402,7 @@ impl Runtime for FakeRuntime {
 
     fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
         if self.fail_restore.load(Ordering::SeqCst) {
-            return Err(RuntimeError::Other("fake restore failure".to_string()));
+            return Err(RuntimeError::failed("fake restore failure".to_string()));
         }
         // The checkpoint must exist; forks and snapshots restore it under new ids.
         std::fs::read_to_string(checkpoint.join("fake-checkpoint")).map_err(|source| {

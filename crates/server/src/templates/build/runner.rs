@@ -744,6 +744,10 @@ mod tests {
         fn set_network(&self, _: &str, _: &NetworkSpec) -> Result<(), RuntimeError> {
             Ok(())
         }
+        fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+            // Nothing of this fake outlives its owner: recovering is listing.
+            self.list()
+        }
         fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
             Ok(Vec::new())
         }
@@ -754,7 +758,7 @@ mod tests {
             _: bool,
         ) -> Result<CheckpointInfo, RuntimeError> {
             if self.checkpoint_fails {
-                return Err(RuntimeError::Other("criu dump failed".into()));
+                return Err(RuntimeError::failed("criu dump failed"));
             }
             std::fs::create_dir_all(dest).unwrap();
             self.destroyed.lock().unwrap().push(id.into());

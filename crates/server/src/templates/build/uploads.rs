@@ -18,6 +18,10 @@ pub enum UploadError {
     },
     #[error("upload {hash}: entry {path:?} escapes the context")]
     UnsafePath { hash: String, path: String },
+    #[error(
+        "upload {hash}: entry {path:?} is a device node or FIFO, which a build context cannot hold"
+    )]
+    SpecialFile { hash: String, path: String },
 }
 
 fn io_err(context: String) -> impl FnOnce(std::io::Error) -> UploadError {
@@ -141,6 +145,14 @@ pub fn unpack_archive(archive: &Path, dest: &Path, label: &str) -> Result<(), Up
                 path: path.display().to_string(),
             });
         }
+        let kind = entry.header().entry_type();
+        if kind.is_character_special() || kind.is_block_special() || kind.is_fifo() {
+            // Unpacking as root would mknod it on the host.
+            return Err(UploadError::SpecialFile {
+                hash: label.to_string(),
+                path: path.display().to_string(),
+            });
+        }
         entry.unpack_in(dest).map_err(io_err(format!(
             "unpacking {} from {}",
             path.display(),
@@ -188,6 +200,38 @@ mod tests {
         );
         // Second call reuses the unpacked directory.
         assert_eq!(store.unpacked(&hash).unwrap().unwrap(), dir);
+    }
+
+    #[test]
+    fn device_nodes_and_fifos_are_refused() {
+        for kind in [
+            tar::EntryType::Char,
+            tar::EntryType::Block,
+            tar::EntryType::Fifo,
+        ] {
+            let mut builder = tar::Builder::new(Vec::new());
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(kind);
+            header.set_size(0);
+            header.set_mode(0o666);
+            header.set_device_major(1).unwrap();
+            header.set_device_minor(3).unwrap();
+            header.set_cksum();
+            builder
+                .append_data(&mut header, "dev-null", std::io::empty())
+                .unwrap();
+            let scratch = tempfile::tempdir().unwrap();
+            let archive = scratch.path().join("ctx.tar");
+            fs::write(&archive, builder.into_inner().unwrap()).unwrap();
+            let dest = scratch.path().join("dest");
+            fs::create_dir(&dest).unwrap();
+            let refused = unpack_archive(&archive, &dest, "h");
+            assert!(
+                matches!(refused, Err(UploadError::SpecialFile { .. })),
+                "{kind:?}: {refused:?}"
+            );
+            assert!(!dest.join("dev-null").exists());
+        }
     }
 
     #[test]

@@ -1,0 +1,162 @@
+//! What the death of the runtime's owner (the server, killed with SIGKILL) can leave behind on a
+//! sandbox, and how [`crate::Runtime::recover`] finds it again:
+//!
+//! - a `criu dump` still running: CRIU is a child of the dead server and outlives it. It is waited for
+//!   (killing it while its parasite runs inside the sandbox's tasks would kill those tasks), and
+//!   killed only after [`DUMP_WAIT`]. It leaves the tree frozen, as it found it.
+//! - the network lock of a dump: the host side of the veth held down ([`crate::network::set_host_link`]).
+//!   A sandbox whose init lives is brought back up: nothing of the dead server still dumps it.
+//! - a sandbox directory without a state record: a create or restore the server did not finish. Its
+//!   supervisor may still be setting it up; it is killed and the sandbox reclaimed.
+//!
+//! Processes are told apart by their command line, read from `/proc` (their own, as the kernel
+//! keeps it; a sandbox cannot write it for a host process).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// How long a `criu dump` the dead server started may still take before it is killed.
+pub const DUMP_WAIT: Duration = Duration::from_secs(60);
+
+/// Host processes whose command line (NUL-separated arguments) satisfies `matches`.
+fn processes_where(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                return false;
+            };
+            let args: Vec<&[u8]> = cmdline
+                .split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .collect();
+            matches(&args)
+        })
+        .collect()
+}
+
+/// Whether `args` is a `criu dump --tree <init_pid> ...`.
+pub(crate) fn is_dump_of(args: &[&[u8]], init_pid: u32) -> bool {
+    let pid = init_pid.to_string();
+    args.first().is_some_and(|a| a.ends_with(b"criu"))
+        && args.get(1) == Some(&&b"dump"[..])
+        && args
+            .windows(2)
+            .any(|w| w[0] == b"--tree" && w[1] == pid.as_bytes())
+}
+
+/// Whether `args` is a supervisor of the sandbox in `sandbox_dir`: one still building it
+/// (`warren-supervisor run <dir>/supervisor.json ...`) or one waiting for its init
+/// (`warren-supervisor wait <pid> <dir>`).
+pub(crate) fn is_supervisor_of(args: &[&[u8]], sandbox_dir: &Path) -> bool {
+    let config = crate::supervisor::SupervisorConfig::path_in(sandbox_dir);
+    let is_supervisor = args
+        .first()
+        .is_some_and(|a| a.ends_with(b"warren-supervisor"));
+    let building = args.get(1) == Some(&&b"run"[..])
+        && args.get(2) == Some(&config.as_os_str().as_encoded_bytes());
+    let waiting = args.get(1) == Some(&&b"wait"[..])
+        && args.get(3) == Some(&sandbox_dir.as_os_str().as_encoded_bytes());
+    is_supervisor && (building || waiting)
+}
+
+/// CRIU dumps of the tree whose init is `init_pid` still running on this host.
+pub fn dumps_of(init_pid: u32) -> Vec<u32> {
+    processes_where(|args| is_dump_of(args, init_pid))
+}
+
+/// Supervisors of the sandbox in `sandbox_dir`.
+pub fn supervisors_of(sandbox_dir: &Path) -> Vec<u32> {
+    processes_where(|args| is_supervisor_of(args, sandbox_dir))
+}
+
+/// Waits until no process `find` names is left, up to `limit`; then kills what is left (SIGKILL)
+/// and waits for it to go (bounded). Returns how many processes were killed.
+pub fn wait_then_kill(find: impl Fn() -> Vec<u32>, limit: Duration) -> usize {
+    let deadline = Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    while !find().is_empty() && Instant::now() < deadline {
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+    let left = find();
+    for pid in &left {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*pid as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    let gone_by = Instant::now() + Duration::from_secs(5);
+    while !find().is_empty() && Instant::now() < gone_by {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    left.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(line: &str) -> Vec<&[u8]> {
+        line.split(' ').map(str::as_bytes).collect()
+    }
+
+    #[test]
+    fn dumps_are_recognised_by_their_tree() {
+        let dump = words("/usr/local/sbin/criu dump --tree 4242 --images-dir /x -v4");
+        assert!(is_dump_of(&dump, 4242));
+        assert!(!is_dump_of(&dump, 424));
+        assert!(!is_dump_of(
+            &words("/usr/local/sbin/criu restore --tree 4242"),
+            4242
+        ));
+        assert!(!is_dump_of(&words("/bin/sh dump --tree 4242"), 4242));
+        assert!(!is_dump_of(&[], 4242));
+    }
+
+    #[test]
+    fn supervisors_are_recognised_by_their_sandbox() {
+        let dir = Path::new("/var/lib/warren/sandboxes/abc");
+        let building = "/opt/warren-supervisor run /var/lib/warren/sandboxes/abc/supervisor.json --status-fd 5";
+        let waiting = "/opt/warren-supervisor wait 4242 /var/lib/warren/sandboxes/abc";
+        assert!(is_supervisor_of(&words(building), dir));
+        assert!(is_supervisor_of(&words(waiting), dir));
+        let other = Path::new("/var/lib/warren/sandboxes/abcd");
+        assert!(!is_supervisor_of(&words(building), other));
+        assert!(!is_supervisor_of(&words(waiting), other));
+        assert!(!is_supervisor_of(
+            &words("/bin/cat run /var/lib/warren/sandboxes/abc/supervisor.json"),
+            dir
+        ));
+    }
+
+    #[test]
+    fn waiting_ends_by_killing_what_is_left() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("300")
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        let alive = move || {
+            // A zombie (killed, not yet reaped by this test) counts as gone.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    !s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(false)
+        };
+        let find = || if alive() { vec![pid] } else { Vec::new() };
+        assert_eq!(wait_then_kill(find, Duration::from_millis(50)), 1);
+        assert!(!alive());
+        child.wait().unwrap();
+        assert_eq!(wait_then_kill(find, Duration::from_millis(50)), 0);
+    }
+}

@@ -1,0 +1,6 @@
+"""Crash tests import their harness from this folder."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
