@@ -41,6 +41,8 @@ pub struct LinuxRuntime {
     /// Last CPU sample per sandbox (cgroup usage) and per process, for CPU % between calls.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
     process_samples: Mutex<HashMap<String, ProcessSample>>,
+    /// The host's lxcfs mount, when it answers (see [`crate::rootfs::lxcfs`]).
+    lxcfs: Option<PathBuf>,
 }
 
 fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
@@ -99,9 +101,17 @@ impl LinuxRuntime {
         if let Some(why) = checkpointer.unavailable_reason() {
             tracing::info!(reason = %why, "checkpoints disabled (pause falls back to freeze)");
         }
+        let lxcfs = match crate::rootfs::lxcfs::ensure(&config.state_dir) {
+            Ok(mount) => Some(mount),
+            Err(error) => {
+                tracing::warn!(error = %crate::supervisor_error_chain(&error), "sandboxes see the host's /proc/meminfo and cpuinfo");
+                None
+            }
+        };
         Ok(Self {
             config,
             supervisor_binary,
+            lxcfs,
             cgroups,
             addresses,
             checkpointer,
@@ -272,6 +282,7 @@ impl LinuxRuntime {
             net_raw: spec.network.raw_sockets,
             syscalls: spec.syscalls,
             restore: restore_plan,
+            lxcfs: self.lxcfs.clone(),
         };
         let prepared = started.elapsed();
         let config_path = supervisor_config.write().map_err(other)?;

@@ -70,6 +70,9 @@ pub struct SupervisorConfig {
     /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
     #[serde(default)]
     pub restore: Option<RestorePlan>,
+    /// The host's lxcfs mount, whose files the init binds over /proc (see [`crate::rootfs::lxcfs`]).
+    #[serde(default)]
+    pub lxcfs: Option<PathBuf>,
 }
 
 /// How the supervisor restores a checkpoint (whose writable layer the runtime already unpacked).

@@ -159,6 +159,7 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         cgroup_procs: &config.cgroup_procs,
         work_dir: &plan.work_dir,
         image_cache: plan.image_cache.as_deref(),
+        lxcfs: config.lxcfs.as_deref(),
     };
     let restored = checkpointer
         .restore_processes(&plan.checkpoint, &manifest, &target)
