@@ -42,6 +42,8 @@ pub enum LifecycleError {
     NotFound(String),
     #[error("template '{0}' not found")]
     TemplateNotFound(String),
+    #[error("user {0} has no workspace")]
+    WorkspaceNotFound(String),
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
