@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub base_rootfs: PathBuf,
     /// How often the scheduler looks for expired sandboxes.
     pub scheduler_interval: Duration,
+    /// How often the reconciler compares the store with what runs on the host (see
+    /// `lifecycle::reconcile::sweep`).
+    pub reconcile_interval: Duration,
     /// How long to wait for the agent's `/init` after a start or restore.
     pub agent_init_timeout: Duration,
     /// Which snapshots the garbage collector keeps.
@@ -118,6 +121,7 @@ impl ServerConfig {
             agent_binary: None,
             base_rootfs: PathBuf::from(DEFAULT_BASE_ROOTFS),
             scheduler_interval: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(30),
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
             expedite_rcu: true,

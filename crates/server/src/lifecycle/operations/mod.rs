@@ -158,6 +158,10 @@ impl Lifecycle {
         &self.config
     }
 
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn capabilities(&self) -> &Capabilities {
         &self.capabilities
     }
