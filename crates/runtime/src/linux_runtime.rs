@@ -286,6 +286,11 @@ impl LinuxRuntime {
         };
         let prepared = started.elapsed();
         let config_path = supervisor_config.write().map_err(other)?;
+        crate::supervisor::deadline::write(
+            dir,
+            now_unix_ms() + crate::supervisor::deadline::INITIAL_LEASE_MS,
+        )
+        .map_err(io_error(format!("write the deadline of {}", spec.id)))?;
         let launched = supervisor::launch(
             &self.supervisor_binary,
             &config_path,
@@ -611,6 +616,12 @@ impl LinuxRuntime {
 }
 
 impl Runtime for LinuxRuntime {
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
+        self.live_record(id)?;
+        crate::supervisor::deadline::write(&self.sandbox_dir(id), until_unix_ms)
+            .map_err(io_error(format!("renew the deadline of {id}")))
+    }
+
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
         let images = self
             .known_ids()

@@ -137,6 +137,19 @@ async fn the_running_server_reconciles_every_period() {
         .collect();
     assert_eq!(ids, vec![kept.as_str()], "the healthy sandbox stays");
     assert_eq!(runtime.live_ids(), vec![kept.clone()]);
+    // Each pass renews the dead man's switch of what runs: past the end time by the lease.
+    let end_at = h
+        .api(Method::GET, &format!("/sandboxes/{kept}"), None)
+        .await
+        .json()["endAt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let end_at = chrono::DateTime::parse_from_rfc3339(&end_at)
+        .unwrap()
+        .timestamp_millis() as u64;
+    let deadline = runtime.deadlines.lock().unwrap().get(&kept).copied();
+    assert_eq!(deadline, Some(end_at + 600_000), "renewed to end + lease");
     let metrics = h.api(Method::GET, "/metrics", None).await;
     let text = String::from_utf8_lossy(&metrics.body);
     assert!(

@@ -5,6 +5,7 @@
 //! `ok <init pid> <supervisor pid>` or `err <message>` on the status fd, then waits for the init and
 //! records its exit status in `sandboxes/<id>/init.exit`.
 
+pub mod deadline;
 mod init;
 mod run;
 

@@ -287,6 +287,48 @@ async fn settle(
     }
 }
 
+/// The dead man's switch: every tracked sandbox that runs on the host gets a deadline of its end
+/// time (or now, when later) plus `supervisor_lease`, every template-build sandbox now plus the lease. Failures are logged: a sandbox that just went
+/// away is the next pass's business.
+async fn renew_deadlines(
+    lifecycle: &Lifecycle,
+    tracked: &[SandboxRecord],
+    live: &HashMap<String, warren_runtime::Sandbox>,
+) {
+    let now = super::now_millis();
+    let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
+    let mut renewals: Vec<(String, u64)> = tracked
+        .iter()
+        .filter(|record| live.contains_key(&record.id))
+        .map(|record| {
+            let until = record.end_at.max(now).saturating_add(lease);
+            (record.id.clone(), until.max(0) as u64)
+        })
+        .collect();
+    // Template-build sandboxes live as long as this server does (their build bounds them).
+    renewals.extend(
+        live.keys()
+            .filter(|id| id.starts_with(BUILD_SANDBOX_PREFIX))
+            .map(|id| (id.clone(), now.saturating_add(lease).max(0) as u64)),
+    );
+    if renewals.is_empty() {
+        return;
+    }
+    let failed = lifecycle
+        .on_runtime(move |runtime| {
+            Ok(renewals
+                .into_iter()
+                .filter_map(|(id, until)| runtime.renew(&id, until).err().map(|e| (id, e)))
+                .map(|(id, error)| format!("{id}: {error}"))
+                .collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_default();
+    if !failed.is_empty() {
+        tracing::warn!(?failed, "cannot renew supervisor deadlines");
+    }
+}
+
 /// ID prefix of template-build sandboxes, which have no sandbox row.
 const BUILD_SANDBOX_PREFIX: &str = "bld-";
 
@@ -362,6 +404,8 @@ pub async fn sweep(
         report.untracked_destroyed.push(id.clone());
     }
     *suspects = still_suspect;
+
+    renew_deadlines(lifecycle, &tracked, &live).await;
 
     for record in tracked {
         let holds_processes = match record.state {
