@@ -107,6 +107,14 @@ async fn a_user_keeps_their_sandbox_and_gets_a_new_one_when_it_is_gone() {
     assert_error(&other, StatusCode::CONFLICT, "uses template 'base'");
     let unknown = h.api(Method::GET, "/workspaces/nobody/history", None).await;
     assert_error(&unknown, StatusCode::NOT_FOUND, "no workspace");
+
+    let openapi = h.api(Method::GET, "/openapi.json", None).await.json();
+    for path in [
+        "/workspaces/{user_id}/sandbox",
+        "/workspaces/{user_id}/history",
+    ] {
+        assert!(openapi["paths"][path].is_object(), "{path} undocumented");
+    }
 }
 
 #[tokio::test]
