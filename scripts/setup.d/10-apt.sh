@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Debian packages Warren and its tests use.
+# Debian packages Warren and its tests use (lxcfs: sandboxes see their own limits in /proc, docs/operations.md).
 set -euo pipefail
-pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates
+pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates lxcfs
     # The DNS server the egress tests start in their own namespaces (no service is enabled).
     dnsmasq-base
     # Image-pull tests: a real registry on loopback, skopeo to push test images, a static busybox for

@@ -245,6 +245,9 @@ def warren():
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        # Warren's lxcfs daemon outlives `warren up` on purpose; detaching its mount ends it.
+        subprocess.run(["umount", "-l", os.path.join(state_dir, "lxcfs")], check=False,
+                       stderr=subprocess.DEVNULL)
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
         subprocess.run(["rm", "-rf", pki_dir], check=False)
         log_file.close()

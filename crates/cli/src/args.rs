@@ -64,6 +64,26 @@ pub enum Command {
     /// local store directly).
     #[command(subcommand)]
     Team(TeamCommand),
+    /// Users mapped to their own sandbox: get a user's sandbox, see where they were moved and why.
+    #[command(subcommand)]
+    Workspace(WorkspaceCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum WorkspaceCommand {
+    /// The user's sandbox: created from the workspace's template the first time, resumed when
+    /// paused, replaced when it was killed or lost.
+    Get {
+        user: String,
+        /// Template of the workspace (first call only; default `base`).
+        #[arg(long)]
+        template: Option<String>,
+        /// Seconds the sandbox runs from now.
+        #[arg(long)]
+        timeout: Option<u32>,
+    },
+    /// Every sandbox the user was given, oldest first, with the reason.
+    History { user: String },
 }
 
 #[derive(Debug, Args)]

@@ -188,6 +188,35 @@ impl ApiClient {
             .await
     }
 
+    /// The user's own sandbox (`POST /workspaces/{user_id}/sandbox`): created, resumed or replaced as
+    /// needed.
+    pub async fn workspace_sandbox(
+        &self,
+        user_id: &str,
+        body: &warren_proto::api::WorkspaceSandboxRequest,
+    ) -> Result<warren_proto::api::WorkspaceSandbox, ApiError> {
+        self.send_json(
+            self.request(
+                Method::POST,
+                &format!("workspaces/{}/sandbox", path_segment(user_id)),
+            )?
+            .json(body),
+        )
+        .await
+    }
+
+    /// Every sandbox the user was given, and why (`GET /workspaces/{user_id}/history`).
+    pub async fn workspace_history(
+        &self,
+        user_id: &str,
+    ) -> Result<warren_proto::api::WorkspaceHistory, ApiError> {
+        self.send_json(self.request(
+            Method::GET,
+            &format!("workspaces/{}/history", path_segment(user_id)),
+        )?)
+        .await
+    }
+
     pub async fn kill_sandbox(&self, id: &str) -> Result<(), ApiError> {
         self.send(self.request(Method::DELETE, &format!("sandboxes/{}", path_segment(id)))?)
             .await

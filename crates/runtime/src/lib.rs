@@ -348,6 +348,10 @@ pub trait Runtime: Send + Sync {
         checkpoint: &std::path::Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError>;
+    /// Dead man's switch: the sandbox's supervisor ends it once the clock passes `until_unix_ms`
+    /// unless this is called again with a later time. A fresh or restored sandbox starts with
+    /// [`supervisor::deadline::INITIAL_LEASE_MS`].
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError>;
 }
 
 #[cfg(test)]

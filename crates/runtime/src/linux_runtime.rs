@@ -45,6 +45,8 @@ pub struct LinuxRuntime {
     process_samples: Mutex<HashMap<String, ProcessSample>>,
     /// Enforces the sandboxes' host-name rules.
     egress_proxy: EgressProxy,
+    /// The host's lxcfs mount, when it answers (see [`crate::rootfs::lxcfs`]).
+    lxcfs: Option<PathBuf>,
 }
 
 fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
@@ -120,9 +122,17 @@ impl LinuxRuntime {
         if let Some(why) = checkpointer.unavailable_reason() {
             tracing::info!(reason = %why, "checkpoints disabled (pause falls back to freeze)");
         }
+        let lxcfs = match crate::rootfs::lxcfs::ensure(&config.state_dir) {
+            Ok(mount) => Some(mount),
+            Err(error) => {
+                tracing::warn!(error = %crate::supervisor_error_chain(&error), "sandboxes see the host's /proc/meminfo and cpuinfo");
+                None
+            }
+        };
         Ok(Self {
             config,
             supervisor_binary,
+            lxcfs,
             cgroups,
             addresses,
             checkpointer,
@@ -308,11 +318,17 @@ impl LinuxRuntime {
             net_raw: spec.network.raw_sockets,
             syscalls: spec.syscalls,
             restore: restore_plan,
+            lxcfs: self.lxcfs.clone(),
         };
         let prepared = started.elapsed();
         let config_path = supervisor_config
             .write()
             .map_err(internal("write the supervisor config"))?;
+        crate::supervisor::deadline::write(
+            dir,
+            now_unix_ms() + crate::supervisor::deadline::INITIAL_LEASE_MS,
+        )
+        .map_err(io_error(format!("write the deadline of {}", spec.id)))?;
         let launched = supervisor::launch(
             &self.supervisor_binary,
             &config_path,
@@ -667,6 +683,12 @@ impl LinuxRuntime {
 }
 
 impl Runtime for LinuxRuntime {
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
+        self.live_record(id)?;
+        crate::supervisor::deadline::write(&self.sandbox_dir(id), until_unix_ms)
+            .map_err(io_error(format!("renew the deadline of {id}")))
+    }
+
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
         let images = self
             .known_ids()

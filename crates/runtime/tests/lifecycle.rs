@@ -208,6 +208,7 @@ fn a_failed_create_leaves_nothing() {
         .unwrap_err();
     assert!(error.to_string().contains("exited"), "{error}");
     let left = common::leftovers(&runtime.config().state_dir, &["wt-failcreate".to_string()]);
+    warren_runtime::rootfs::lxcfs::stop(&runtime.config().state_dir);
     let _ = std::fs::remove_dir_all(&runtime.config().state_dir);
     assert!(left.is_empty(), "{left:?}");
 }

@@ -29,6 +29,13 @@ pub struct ServerConfig {
     pub base_rootfs: PathBuf,
     /// How often the scheduler looks for expired sandboxes.
     pub scheduler_interval: Duration,
+    /// How often the reconciler compares the store with what runs on the host (see
+    /// `lifecycle::reconcile::sweep`).
+    pub reconcile_interval: Duration,
+    /// Dead man's switch: each reconciler pass renews every live sandbox's supervisor deadline to
+    /// this long past its end time (or past now, when that is later). A server that is gone stops
+    /// renewing, and its sandboxes end this long after. Must exceed `reconcile_interval`.
+    pub supervisor_lease: Duration,
     /// How long to wait for the agent's `/init` after a start or restore.
     pub agent_init_timeout: Duration,
     /// Which snapshots the garbage collector keeps.
@@ -126,6 +133,8 @@ impl ServerConfig {
             agent_binary: None,
             base_rootfs: PathBuf::from(DEFAULT_BASE_ROOTFS),
             scheduler_interval: Duration::from_secs(1),
+            reconcile_interval: Duration::from_secs(30),
+            supervisor_lease: Duration::from_secs(600),
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
             expedite_rcu: true,

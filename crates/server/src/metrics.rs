@@ -23,6 +23,12 @@ struct StateLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReconcileLabels {
+    /// What the reconciler found and fixed: `untracked_destroyed`, `lost`.
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProxyLabels {
     outcome: String,
 }
@@ -34,6 +40,7 @@ pub struct Metrics {
     admission_refused: Counter,
     proxy_requests: Family<ProxyLabels, Counter>,
     start_seconds: Histogram,
+    reconciled: Family<ReconcileLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -50,6 +57,12 @@ impl Metrics {
         let admission_refused = Counter::default();
         let proxy_requests = Family::<ProxyLabels, Counter>::default();
         let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
+        let reconciled = Family::<ReconcileLabels, Counter>::default();
+        registry.register(
+            "reconciled",
+            "Disagreements between the store and the host that the periodic reconciler fixed",
+            reconciled.clone(),
+        );
         registry.register(
             "sandbox_transitions",
             "Sandbox state transitions",
@@ -77,6 +90,7 @@ impl Metrics {
             admission_refused,
             proxy_requests,
             start_seconds,
+            reconciled,
         }
     }
 
@@ -114,6 +128,15 @@ impl Metrics {
 
     pub fn admission_refused(&self) {
         self.admission_refused.inc();
+    }
+
+    /// The periodic reconciler fixed one disagreement (`untracked_destroyed`, `lost`).
+    pub fn reconciled(&self, action: &str) {
+        self.reconciled
+            .get_or_create(&ReconcileLabels {
+                action: action.to_string(),
+            })
+            .inc();
     }
 
     pub fn proxy_request(&self, outcome: &str) {

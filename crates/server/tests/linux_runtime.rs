@@ -55,6 +55,14 @@ async fn sandbox_lifecycle_on_the_real_runtime() {
         .prefix("wt-server-linux-")
         .tempdir()
         .unwrap();
+    // The state dir's lxcfs daemon outlives the runtime on purpose; end it with the test.
+    struct StopLxcfs(PathBuf);
+    impl Drop for StopLxcfs {
+        fn drop(&mut self) {
+            warren_runtime::rootfs::lxcfs::stop(&self.0);
+        }
+    }
+    let _lxcfs = StopLxcfs(state.path().to_path_buf());
     let mut probe = ServerConfig::new(state.path().to_path_buf());
     probe.agent_binary = Some(agent.clone());
     let runtime = match warren_server::runtime_host::linux_runtime(&probe) {

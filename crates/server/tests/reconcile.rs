@@ -129,3 +129,81 @@ async fn restart_thaws_a_source_frozen_by_a_cut_short_checkpoint() {
     server.shutdown().await.unwrap();
     drop(keep);
 }
+
+/// The periodic reconciler, while the server runs: a sandbox the store does not know is destroyed, a
+/// sandbox whose processes vanished behind Warren's back is marked lost, each within a few periods,
+/// with an event and a counter in /metrics.
+#[tokio::test]
+async fn the_running_server_reconciles_every_period() {
+    let runtime = FakeRuntime::new(false);
+    let h = Harness::start_on(runtime.clone(), |config| {
+        config.reconcile_interval = std::time::Duration::from_millis(100);
+    })
+    .await;
+    let kept = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let vanishing = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    runtime.start_untracked("wtuntracked");
+    runtime.destroy(&vanishing).unwrap();
+
+    let settled = support::fake_runtime::eventually(|| {
+        !runtime.live_ids().contains(&"wtuntracked".to_string())
+    });
+    assert!(
+        settled.await,
+        "untracked sandbox still runs: {:?}",
+        runtime.live_ids()
+    );
+    let mut lost = false;
+    for _ in 0..100 {
+        let answer = h
+            .api(Method::GET, &format!("/sandboxes/{vanishing}"), None)
+            .await;
+        if answer.status == StatusCode::NOT_FOUND {
+            lost = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(lost, "vanished sandbox still listed");
+    let listed = h
+        .api(Method::GET, "/v2/sandboxes?state=running", None)
+        .await
+        .json();
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["sandboxID"].as_str())
+        .collect();
+    assert_eq!(ids, vec![kept.as_str()], "the healthy sandbox stays");
+    assert_eq!(runtime.live_ids(), vec![kept.clone()]);
+    // Each pass renews the dead man's switch of what runs: past the end time by the lease.
+    let end_at = h
+        .api(Method::GET, &format!("/sandboxes/{kept}"), None)
+        .await
+        .json()["endAt"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let end_at = chrono::DateTime::parse_from_rfc3339(&end_at)
+        .unwrap()
+        .timestamp_millis() as u64;
+    let deadline = runtime.deadlines.lock().unwrap().get(&kept).copied();
+    assert_eq!(deadline, Some(end_at + 600_000), "renewed to end + lease");
+    let metrics = h.api(Method::GET, "/metrics", None).await;
+    let text = String::from_utf8_lossy(&metrics.body);
+    assert!(
+        text.contains("warren_reconciled_total{action=\"lost\"} 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("warren_reconciled_total{action=\"untracked_destroyed\"} 1"),
+        "{text}"
+    );
+}

@@ -88,6 +88,7 @@ struct StateDir(PathBuf);
 
 impl Drop for StateDir {
     fn drop(&mut self) {
+        warren_runtime::rootfs::lxcfs::stop(&self.0);
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }

@@ -6,6 +6,7 @@ pub mod sandbox;
 pub mod shell;
 pub mod template;
 pub mod up;
+pub mod workspace;
 
 use serde::Serialize;
 use warren_client::{ApiClient, ApiError, EnvdError};
@@ -57,6 +58,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Template(command) => template::run(&global, command).await,
         Command::Key(command) => key::run(&global, command).await,
         Command::Team(command) => key::run_team(&global, command).await,
+        Command::Workspace(command) => workspace::run(&global, command).await,
     }
 }
 

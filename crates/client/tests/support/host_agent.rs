@@ -108,6 +108,10 @@ impl Runtime for HostAgentRuntime {
     }
 
     /// Host-mode agents share the host: no share of it is set aside for them.
+    fn renew(&self, _id: &str, _until_unix_ms: u64) -> Result<(), RuntimeError> {
+        Ok(())
+    }
+
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
         Ok(HostCapacity {
             sandbox_tasks: u64::MAX,

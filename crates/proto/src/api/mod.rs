@@ -4,10 +4,12 @@
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
+pub mod workspaces;
 
 pub use sandboxes::*;
 pub use snapshots::*;
 pub use templates::*;
+pub use workspaces::*;
 
 use serde::{Deserialize, Serialize};
 

@@ -9,7 +9,7 @@ use crate::Resources;
 
 /// Controllers Warren uses; `memory` first (it is the primary directory for `cgroup.procs`).
 const REQUIRED: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
-const OPTIONAL: [&str; 2] = ["blkio", "devices"];
+const OPTIONAL: [&str; 3] = ["blkio", "devices", "cpuset"];
 
 /// The device nodes a sandbox may open or create (the devices controller's allow-list): exactly the
 /// nodes of its /dev (see `rootfs::sandbox_mounts`) and the pseudo-terminals of its devpts. Everything
@@ -118,7 +118,79 @@ pub(super) fn create(dirs: &[PathBuf], resources: &Resources) -> Result<(), Cgro
     if devices.join("devices.deny").exists() {
         restrict_devices(&devices)?;
     }
+    let cpuset = controller_dir(dirs, "cpuset");
+    if cpuset.join("cpuset.cpus").exists() {
+        place_cpus(&cpuset, resources)?;
+    }
     Ok(())
+}
+
+/// Gives the sandbox `ceil(vcpus)` of the host's CPUs in its cpuset, so `nproc` and
+/// `sched_getaffinity` (which `make -j`, the JVM and Python's `os.cpu_count` trust) tell its share; the
+/// CFS quota still bounds the time it gets. Which CPUs: a window starting at an offset derived from
+/// the sandbox's ID, so sandboxes spread over the host instead of piling on CPU 0. Warren's parent
+/// cpuset is first given all of the host's CPUs and memory nodes (a fresh cpuset has none).
+fn place_cpus(dir: &Path, resources: &Resources) -> Result<(), CgroupError> {
+    let Some(parent) = dir.parent() else {
+        return Ok(());
+    };
+    let Some(root) = parent.parent() else {
+        return Ok(());
+    };
+    for file in ["cpuset.cpus", "cpuset.mems"] {
+        if read(&parent.join(file))?.trim().is_empty() {
+            write(&parent.join(file), read(&root.join(file))?.trim())?;
+        }
+    }
+    let all = parse_cpu_list(read(&parent.join("cpuset.cpus"))?.trim());
+    let id = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let cpus = cpu_window(&all, resources.vcpus, &id);
+    write(
+        &dir.join("cpuset.mems"),
+        read(&parent.join("cpuset.mems"))?.trim(),
+    )?;
+    write(&dir.join("cpuset.cpus"), &format_cpu_list(&cpus))
+}
+
+/// The CPUs of a kernel CPU list (`0-3,8,10-11`).
+pub(super) fn parse_cpu_list(list: &str) -> Vec<u32> {
+    let mut cpus = Vec::new();
+    for part in list.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((from, to)) => {
+                if let (Ok(from), Ok(to)) = (from.parse::<u32>(), to.parse::<u32>()) {
+                    cpus.extend(from..=to);
+                }
+            }
+            None => cpus.extend(part.parse::<u32>().ok()),
+        }
+    }
+    cpus
+}
+
+fn format_cpu_list(cpus: &[u32]) -> String {
+    cpus.iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// `ceil(vcpus)` of `all` (all of them when that is as many or more), starting at an offset that
+/// depends on `id` only.
+pub(super) fn cpu_window(all: &[u32], vcpus: f64, id: &str) -> Vec<u32> {
+    let wanted = (vcpus.ceil().max(1.0) as usize).min(all.len());
+    if wanted == all.len() {
+        return all.to_vec();
+    }
+    let offset = id.bytes().fold(0usize, |hash, byte| {
+        hash.wrapping_mul(31).wrapping_add(byte as usize)
+    }) % all.len();
+    let mut window: Vec<u32> = (0..wanted).map(|i| all[(offset + i) % all.len()]).collect();
+    window.sort_unstable();
+    window
 }
 
 /// Denies every device, then allows [`DEVICE_ALLOW_LIST`]. Runs before any task joins the cgroup.
@@ -166,4 +238,30 @@ pub(super) fn memory(memory: &Path) -> Result<(u64, u64), CgroupError> {
 pub(super) fn oom_kills(memory: &Path) -> Result<u64, CgroupError> {
     let text = read(&memory.join("memory.oom_control"))?;
     Ok(keyed_value(&text, "oom_kill").unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists_parse_ranges_and_singles() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list(""), Vec::<u32>::new());
+        assert_eq!(format_cpu_list(&[0, 2]), "0,2");
+    }
+
+    #[test]
+    fn cpu_window_takes_the_sandbox_share_and_spreads() {
+        let all = [0, 1, 2, 3];
+        assert_eq!(cpu_window(&all, 4.0, "a"), all.to_vec());
+        assert_eq!(cpu_window(&all, 8.0, "a"), all.to_vec());
+        assert_eq!(cpu_window(&all, 1.5, "a").len(), 2);
+        assert_eq!(cpu_window(&all, 0.25, "a").len(), 1);
+        let firsts: std::collections::BTreeSet<u32> = (0..40)
+            .map(|i| cpu_window(&all, 1.0, &format!("sandbox{i}"))[0])
+            .collect();
+        assert!(firsts.len() > 1, "every sandbox on one CPU: {firsts:?}");
+        assert_eq!(cpu_window(&all, 2.0, "x"), cpu_window(&all, 2.0, "x"));
+    }
 }

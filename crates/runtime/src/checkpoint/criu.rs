@@ -59,6 +59,8 @@ pub struct RestoreArgs<'a> {
     pub netns: &'a OwnedFd,
     /// `cgroup.procs` files CRIU joins before it forks the restored tree.
     pub cgroup_procs: &'a [PathBuf],
+    /// The host's lxcfs mount, to map the images' lxcfs bind mounts back to.
+    pub lxcfs: Option<&'a Path>,
 }
 
 /// Where the CRIU that scripts/setup builds keeps its kernel-feature cache (its RUNDIR): on a tmpfs,
@@ -183,7 +185,11 @@ impl Criu {
             })?;
         let mut command = Command::new(&self.binary);
         command
-            .args(dump_arguments(args, netns_inode))
+            .args(dump_arguments(
+                args,
+                netns_inode,
+                &crate::rootfs::lxcfs::mounted_in(args.init_pid),
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null());
@@ -313,7 +319,9 @@ fn format_pid(pid: libc::pid_t, buf: &mut [u8; 12]) -> &[u8] {
     &buf[at..]
 }
 
-fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
+/// `lxcfs`: the lxcfs bind mounts the sandbox has (see [`crate::rootfs::lxcfs`]), external like the
+/// agent's.
+fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64, lxcfs: &[&str]) -> Vec<OsString> {
     let mut out: Vec<OsString> = ["dump", "--tree"].map(OsString::from).to_vec();
     out.push(args.init_pid.to_string().into());
     out.push("--images-dir".into());
@@ -345,6 +353,16 @@ fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64) -> Vec<OsString> {
     out.push(format!("mnt[{AGENT_MOUNT}]:{AGENT_MOUNT_KEY}").into());
     out.push("--external".into());
     out.push(format!("net[{netns_inode}]:{NETNS_KEY}").into());
+    for relative in lxcfs {
+        out.push("--external".into());
+        out.push(
+            format!(
+                "mnt[/{relative}]:{}",
+                crate::rootfs::lxcfs::external_key(relative)
+            )
+            .into(),
+        );
+    }
     out
 }
 
@@ -368,6 +386,17 @@ fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
     let mut agent = OsString::from(format!("mnt[{AGENT_MOUNT_KEY}]:"));
     agent.push(args.agent_binary);
     out.push(agent);
+    if let Some(mount) = args.lxcfs {
+        for relative in crate::rootfs::lxcfs::VIRTUALISED {
+            let mut mapping = OsString::from(format!(
+                "mnt[{}]:",
+                crate::rootfs::lxcfs::external_key(relative)
+            ));
+            mapping.push(mount.join(relative));
+            out.push("--external".into());
+            out.push(mapping);
+        }
+    }
     out.push("--inherit-fd".into());
     out.push(format!("fd[{NETNS_FD}]:{NETNS_KEY}").into());
     out
@@ -472,7 +501,7 @@ mod tests {
             images: Path::new("/i"),
             log: Path::new("/l"),
         };
-        let words: Vec<String> = dump_arguments(&args, 4026532178)
+        let words: Vec<String> = dump_arguments(&args, 4026532178, &["proc/meminfo"])
             .into_iter()
             .map(|w| w.into_string().unwrap())
             .collect();
@@ -482,6 +511,11 @@ mod tests {
         assert!(joined.contains("--external net[4026532178]:netns"));
         assert!(joined.contains("--network-lock skip"));
         assert!(joined.contains("--leave-running"));
+        assert!(joined.contains("--external mnt[/proc/meminfo]:lxcfs-proc-meminfo"));
+        assert!(
+            !joined.contains("cpuinfo"),
+            "only the mounts the sandbox has"
+        );
     }
 
     #[test]

@@ -85,6 +85,8 @@ pub struct RestoreTarget<'a> {
     pub work_dir: &'a Path,
     /// Unpacked-images cache to restore through (see [`store::unpack_images_cached`]).
     pub image_cache: Option<&'a Path>,
+    /// The host's lxcfs mount (see [`crate::rootfs::lxcfs`]).
+    pub lxcfs: Option<&'a Path>,
 }
 
 /// Timings of one dump, for logs and benchmarks.
@@ -327,6 +329,7 @@ impl Checkpointer {
             agent_binary: target.agent_binary,
             netns: &netns,
             cgroup_procs: target.cgroup_procs,
+            lxcfs: target.lxcfs,
         });
         let criu_time = criu_started.elapsed();
         // The decompressed images are a copy; the checkpoint keeps the originals.

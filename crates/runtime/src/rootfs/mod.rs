@@ -5,6 +5,7 @@
 pub mod commit;
 pub mod layer_disk;
 pub mod loop_device;
+pub mod lxcfs;
 pub mod sandbox_mounts;
 
 pub use layer_disk::LayerDisk;

@@ -107,8 +107,13 @@ pub fn mount_overlay(target: &Path, overlay_options: &str) -> Result<(), MountEr
 /// plain bind from `/proc/self/fd/N` would not do: once the old root is detached, its mounts are no
 /// longer in this mount namespace, and the kernel refuses to bind from them.
 pub fn open_agent(agent_binary: &Path) -> Result<OwnedFd, MountError> {
-    let path = std::ffi::CString::new(agent_binary.as_os_str().as_encoded_bytes())
-        .map_err(|_| MountError::BadLayerPath(agent_binary.to_path_buf()))?;
+    open_tree_clone(agent_binary)
+}
+
+/// A detached bind mount (`open_tree(OPEN_TREE_CLONE)`) of the host path `source`.
+pub fn open_tree_clone(source: &Path) -> Result<OwnedFd, MountError> {
+    let path = std::ffi::CString::new(source.as_os_str().as_encoded_bytes())
+        .map_err(|_| MountError::BadLayerPath(source.to_path_buf()))?;
     // SAFETY: open_tree reads the NUL-terminated path and returns a new descriptor or -1.
     let fd = unsafe {
         libc::syscall(
@@ -119,12 +124,24 @@ pub fn open_agent(agent_binary: &Path) -> Result<OwnedFd, MountError> {
         )
     };
     if fd < 0 {
-        return Err(mount_err("clone agent binary mount", agent_binary)(
-            nix::Error::last(),
-        ));
+        return Err(mount_err("clone mount", source)(nix::Error::last()));
     }
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Attaches the lxcfs files (from [`super::lxcfs::open_files`]) over the sandbox's own `/proc` and
+/// `/sys` entries. Runs after [`mask_proc`]; the targets are in the fresh procfs and sysfs this init
+/// mounted, which nothing in the sandbox could have replaced.
+pub fn attach_lxcfs(files: &[(&str, OwnedFd)]) -> Result<(), MountError> {
+    for (relative, tree) in files {
+        let target = Path::new("/").join(relative);
+        if std::fs::symlink_metadata(&target).is_err() {
+            continue;
+        }
+        attach(tree, &target)?;
+    }
+    Ok(())
 }
 
 /// Attaches the detached mount `tree` at `target`.
@@ -143,7 +160,7 @@ fn attach(tree: &OwnedFd, target: &Path) -> Result<(), MountError> {
         )
     };
     if rc != 0 {
-        return Err(mount_err("agent binary", target)(nix::Error::last()));
+        return Err(mount_err("detached mount", target)(nix::Error::last()));
     }
     Ok(())
 }

@@ -48,12 +48,19 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     sandbox_mounts::make_private().map_err(chain)?;
     sandbox_mounts::mount_overlay(&config.rootfs, &config.overlay_options).map_err(chain)?;
     let agent = sandbox_mounts::open_agent(&config.agent_binary).map_err(chain)?;
+    let lxcfs_files = config
+        .lxcfs
+        .as_deref()
+        .map(crate::rootfs::lxcfs::open_files)
+        .unwrap_or_default();
     // From here on the host's tree is out of reach: the sandbox's own (hostile) tree is only walked
     // after the pivot.
     sandbox_mounts::pivot_into(&config.rootfs).map_err(chain)?;
     sandbox_mounts::build_rootfs(&agent).map_err(chain)?;
     drop(agent);
     sandbox_mounts::mask_proc().map_err(chain)?;
+    sandbox_mounts::attach_lxcfs(&lxcfs_files).map_err(chain)?;
+    drop(lxcfs_files);
     super::run::phase("init rootfs ready");
     redirect_stdio()?;
 

@@ -5,6 +5,7 @@
 //! `ok <init pid> <supervisor pid>` or `err <message>` on the status fd, then waits for the init and
 //! records its exit status in `sandboxes/<id>/init.exit`.
 
+pub mod deadline;
 mod init;
 mod run;
 
@@ -70,6 +71,9 @@ pub struct SupervisorConfig {
     /// Restore this checkpoint instead of starting a fresh init (resume, fork, template start).
     #[serde(default)]
     pub restore: Option<RestorePlan>,
+    /// The host's lxcfs mount, whose files the init binds over /proc (see [`crate::rootfs::lxcfs`]).
+    #[serde(default)]
+    pub lxcfs: Option<PathBuf>,
 }
 
 /// How the supervisor restores a checkpoint (whose writable layer the runtime already unpacked).

@@ -159,6 +159,7 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         cgroup_procs: &config.cgroup_procs,
         work_dir: &plan.work_dir,
         image_cache: plan.image_cache.as_deref(),
+        lxcfs: config.lxcfs.as_deref(),
     };
     let restored = checkpointer
         .restore_processes(&plan.checkpoint, &manifest, &target)
@@ -250,11 +251,61 @@ fn exec_waiter(init_pid: u32, sandbox_dir: &Path) {
 }
 
 /// Body of `warren-supervisor wait <init-pid> <sandbox-dir>`: waits for the sandbox's init (our
-/// child) and records its exit code in `init.exit`. Returns the process exit code.
+/// child) and records its exit code in `init.exit`; ends the sandbox when its deadline passes (see
+/// [`super::deadline`]). Returns the process exit code.
 pub fn wait_and_record(init_pid: u32, sandbox_dir: &Path) -> i32 {
-    let code = wait_for_init(init_pid);
+    let code = wait_within_deadline(init_pid, sandbox_dir);
     let _ = std::fs::write(sandbox_dir.join("init.exit"), format!("{code}\n"));
     0
+}
+
+/// Waits for the init's exit on a pidfd, waking once a second to compare the clock with the
+/// deadline file; without a pidfd (old kernels) it waits without the switch.
+fn wait_within_deadline(init_pid: u32, sandbox_dir: &Path) -> i32 {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, init_pid as libc::pid_t, 0) };
+    if fd < 0 {
+        return wait_for_init(init_pid);
+    }
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
+    let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
+    let mut ended = false;
+    loop {
+        let mut poll = libc::pollfd {
+            fd: pidfd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd on the stack.
+        let ready = unsafe { libc::poll(&mut poll, 1, 1000) };
+        if ready > 0 {
+            return wait_for_init(init_pid);
+        }
+        if ended {
+            continue;
+        }
+        let Some(deadline) = super::deadline::read(sandbox_dir) else {
+            continue;
+        };
+        if crate::sandbox_state::now_unix_ms() > deadline {
+            eprintln!("deadline {deadline} passed without renewal: ending the sandbox");
+            let _ = std::fs::write(
+                sandbox_dir.join(super::deadline::EXPIRED_FILE),
+                format!("{}\n", crate::sandbox_state::now_unix_ms()),
+            );
+            // SAFETY: pidfd_send_signal on our own pidfd; no memory is passed.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+            ended = true;
+        }
+    }
 }
 
 /// Waits until the init exits; returns its exit code (128 + signal when killed).

@@ -358,6 +358,7 @@ impl TestSandbox {
             cgroup_procs: &procs,
             work_dir: &work,
             image_cache: None,
+            lxcfs: None,
         };
         let restored = checkpointer.restore(checkpoint, &upper, &target)?;
         self.init_pid = restored.init_pid;

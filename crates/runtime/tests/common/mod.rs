@@ -88,6 +88,7 @@ impl Drop for TestRuntime {
         let empty =
             std::fs::read_dir(dir.join("sandboxes")).map_or(true, |mut d| d.next().is_none());
         if empty {
+            warren_runtime::rootfs::lxcfs::stop(dir);
             let _ = std::fs::remove_dir_all(dir);
         }
     }
@@ -139,11 +140,16 @@ pub fn exec(sandbox: &Sandbox, command: &str) -> (String, i32) {
 pub fn leftovers(state_dir: &Path, ids: &[String]) -> Vec<String> {
     let mut found = Vec::new();
     let dir = state_dir.to_string_lossy().into_owned();
+    // The state dir's lxcfs serves every sandbox of it and outlives them (TestRuntime stops it).
+    let lxcfs = format!(
+        " {} ",
+        warren_runtime::rootfs::lxcfs::mountpoint(state_dir).display()
+    );
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     found.extend(
         mountinfo
             .lines()
-            .filter(|l| l.contains(&dir))
+            .filter(|l| l.contains(&dir) && !l.contains(&lxcfs))
             .map(|l| format!("mount: {l}")),
     );
     found.extend(

@@ -84,6 +84,9 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::TemplateNotFound(id) => {
                 ApiError::not_found(format!("template '{id}' not found"))
             }
+            LifecycleError::WorkspaceNotFound(user) => {
+                ApiError::not_found(format!("user '{user}' has no workspace"))
+            }
             LifecycleError::BadRequest(message) => ApiError::bad_request(message.clone()),
             LifecycleError::Quota(refused) if refused.is_storage() => ApiError {
                 status: StatusCode::INSUFFICIENT_STORAGE,

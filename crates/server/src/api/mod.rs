@@ -10,6 +10,7 @@ mod sandboxes;
 mod snapshots;
 mod teams;
 mod templates;
+mod workspaces;
 
 use std::sync::Arc;
 
@@ -34,6 +35,7 @@ pub fn router(state: AppState) -> Router {
         .merge(snapshots::router())
         .merge(templates::router())
         .merge(teams::router())
+        .merge(workspaces::router())
         .merge(meta::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })
         .with_state(state)

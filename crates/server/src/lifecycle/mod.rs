@@ -10,6 +10,7 @@ mod routes;
 pub mod scheduler;
 mod snapshots;
 pub mod state;
+pub mod workspaces;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 

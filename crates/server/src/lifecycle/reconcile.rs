@@ -8,8 +8,15 @@
 //! dead server left running, lifts their network lock and reclaims half-created sandboxes, so what
 //! is adopted here is reachable. A `running` sandbox found frozen (a fork or snapshot cut short) is
 //! thawed; checkpoints never renamed into place (half-written) are removed.
+//!
+//! While the server runs, [`sweep`] repeats the safe part of this every `reconcile_interval`: a
+//! sandbox running on the host that no live row names (its row deleted, or killed but still there) is
+//! destroyed once two passes in a row found it so; a running or frozen sandbox whose processes are
+//! gone (its supervisor killed, say) is marked failed with the reason `lost`. A sandbox whose lock is
+//! held (an operation is under way) is left to the next pass. Build sandboxes (`bld-` IDs) belong to
+//! their template build and are left alone.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use super::operations::remove_snapshot;
 use super::snapshots::checkpoint_complete;
@@ -341,4 +348,169 @@ async fn settle(
             Ok(false)
         }
     }
+}
+
+/// The dead man's switch: every tracked sandbox that runs on the host gets a deadline of its end
+/// time (or now, when later) plus `supervisor_lease`, every template-build sandbox now plus the lease. Failures are logged: a sandbox that just went
+/// away is the next pass's business.
+async fn renew_deadlines(
+    lifecycle: &Lifecycle,
+    tracked: &[SandboxRecord],
+    live: &HashMap<String, warren_runtime::Sandbox>,
+) {
+    let now = super::now_millis();
+    let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
+    let mut renewals: Vec<(String, u64)> = tracked
+        .iter()
+        .filter(|record| live.contains_key(&record.id))
+        .map(|record| {
+            let until = record.end_at.max(now).saturating_add(lease);
+            (record.id.clone(), until.max(0) as u64)
+        })
+        .collect();
+    // Template-build sandboxes live as long as this server does (their build bounds them).
+    renewals.extend(
+        live.keys()
+            .filter(|id| id.starts_with(BUILD_SANDBOX_PREFIX))
+            .map(|id| (id.clone(), now.saturating_add(lease).max(0) as u64)),
+    );
+    if renewals.is_empty() {
+        return;
+    }
+    let failed = lifecycle
+        .on_runtime(move |runtime| {
+            Ok(renewals
+                .into_iter()
+                .filter_map(|(id, until)| runtime.renew(&id, until).err().map(|e| (id, e)))
+                .map(|(id, error)| format!("{id}: {error}"))
+                .collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_default();
+    if !failed.is_empty() {
+        tracing::warn!(?failed, "cannot renew supervisor deadlines");
+    }
+}
+
+/// ID prefix of template-build sandboxes, which have no sandbox row.
+const BUILD_SANDBOX_PREFIX: &str = "bld-";
+
+/// What one periodic pass fixed.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SweepReport {
+    /// Running on the host without a live row, two passes in a row: destroyed.
+    pub untracked_destroyed: Vec<String>,
+    /// Rows of running or frozen sandboxes whose processes were gone: marked failed.
+    pub lost: Vec<String>,
+}
+
+/// One periodic pass (see the module doc). `suspects` carries the untracked IDs of the previous pass.
+pub async fn sweep(
+    lifecycle: &Lifecycle,
+    suspects: &mut HashSet<String>,
+) -> Result<SweepReport, LifecycleError> {
+    let list = || async {
+        lifecycle
+            .on_runtime(|runtime| runtime.list())
+            .await
+            .map_err(|source| LifecycleError::Runtime {
+                action: "list",
+                id: "*".to_string(),
+                source,
+            })
+    };
+    let live: HashMap<String, warren_runtime::Sandbox> = list()
+        .await?
+        .into_iter()
+        .map(|sandbox| (sandbox.id.clone(), sandbox))
+        .collect();
+    let tracked = lifecycle
+        .store()
+        .list_sandboxes(&SandboxFilter {
+            states: SandboxState::ALL
+                .into_iter()
+                .filter(|s| !s.is_terminal())
+                .collect(),
+            ..SandboxFilter::default()
+        })
+        .await?;
+    let tracked_ids: HashSet<&str> = tracked.iter().map(|r| r.id.as_str()).collect();
+    let mut report = SweepReport::default();
+
+    let mut still_suspect = HashSet::new();
+    for id in live.keys() {
+        if tracked_ids.contains(id.as_str()) || id.starts_with(BUILD_SANDBOX_PREFIX) {
+            continue;
+        }
+        if !suspects.contains(id) {
+            still_suspect.insert(id.clone());
+            continue;
+        }
+        // Seen untracked twice; make sure no create inserted its row in between.
+        let row = lifecycle.store().get_sandbox(id).await?;
+        if row.as_ref().is_some_and(|row| !row.state.is_terminal()) {
+            continue;
+        }
+        destroy(lifecycle, id).await;
+        if let Some(row) = row {
+            let reason = format!(
+                "reconciler destroyed it: still running on the host although {}",
+                row.state
+            );
+            lifecycle
+                .store()
+                .note_sandbox_event(id, row.state, &reason, super::now_millis())
+                .await?;
+        }
+        tracing::warn!(sandbox = %id, "reconciler destroyed a sandbox no live row names");
+        lifecycle.metrics().reconciled("untracked_destroyed");
+        report.untracked_destroyed.push(id.clone());
+    }
+    *suspects = still_suspect;
+
+    renew_deadlines(lifecycle, &tracked, &live).await;
+
+    for record in tracked {
+        let holds_processes = match record.state {
+            SandboxState::Running => true,
+            SandboxState::Paused => record.pause_kind == Some(PauseKind::Freeze),
+            _ => false,
+        };
+        if !holds_processes || live.contains_key(&record.id) {
+            continue;
+        }
+        let lock = lifecycle.lock_for(&record.id);
+        let Ok(_held) = lock.try_lock() else {
+            continue;
+        };
+        // Under the lock: the row and the host as they are now.
+        let Some(mut record) = lifecycle.store().get_sandbox(&record.id).await? else {
+            continue;
+        };
+        if record.state.is_terminal() {
+            continue;
+        }
+        let id = record.id.clone();
+        let gone = matches!(
+            lifecycle
+                .on_runtime(move |runtime| runtime.stats(&id))
+                .await,
+            Err(warren_runtime::RuntimeError::NotFound(_))
+        );
+        if !gone {
+            continue;
+        }
+        lose(
+            lifecycle,
+            &mut record,
+            "its processes are gone from the host (found by the periodic reconciler)",
+        )
+        .await?;
+        lifecycle.metrics().reconciled("lost");
+        report.lost.push(record.id.clone());
+    }
+    if report != SweepReport::default() {
+        tracing::info!(untracked_destroyed = ?report.untracked_destroyed, lost = ?report.lost, "periodic reconciliation");
+    }
+    Ok(report)
 }

@@ -1,5 +1,6 @@
 //! The scheduler: at each tick, sandboxes whose end time has passed are paused (autoPause) or killed;
-//! every `snapshot_retention.interval` the snapshot garbage collector applies the retention policy.
+//! every `snapshot_retention.interval` the snapshot garbage collector applies the retention policy;
+//! every `reconcile_interval` the reconciler's sweep fixes what disagrees with the host.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -48,6 +49,11 @@ pub async fn run(
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut reconcile_ticker = tokio::time::interval(lifecycle.config().reconcile_interval);
+    reconcile_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // The first tick is immediate; start-up reconciliation has just run.
+    reconcile_ticker.tick().await;
+    let mut suspects = std::collections::HashSet::new();
     let mut gc_ticker = tokio::time::interval(lifecycle.config().snapshot_retention.interval);
     gc_ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -60,6 +66,12 @@ pub async fn run(
                     }
                     Ok(_) => {}
                     Err(error) => tracing::error!(%error, "snapshot collection failed"),
+                }
+                continue;
+            }
+            _ = reconcile_ticker.tick() => {
+                if let Err(error) = super::reconcile::sweep(&lifecycle, &mut suspects).await {
+                    tracing::error!(%error, "periodic reconciliation failed");
                 }
                 continue;
             }

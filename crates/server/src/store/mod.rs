@@ -6,6 +6,7 @@
 pub mod sqlite;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
+mod sqlite_workspaces;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -207,6 +208,28 @@ pub struct SandboxRecord {
     pub started_at: Millis,
     pub end_at: Millis,
     pub updated_at: Millis,
+}
+
+/// A user's workspace: the sandbox they are on now (`None` before the first one is made).
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkspaceRecord {
+    pub team_id: String,
+    pub user_id: String,
+    /// Template (id or alias) each new sandbox of the workspace starts from.
+    pub template: String,
+    pub sandbox_id: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+/// One entry of a workspace's history: the sandbox the user was given, how (`created`, `resumed`,
+/// `replaced`), and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WorkspaceMove {
+    pub sandbox_id: String,
+    pub action: String,
+    pub reason: Option<String>,
+    pub at: Millis,
 }
 
 /// One stored state transition.
@@ -447,6 +470,24 @@ pub trait Store: Send + Sync {
     ) -> Result<(), StoreError>;
     /// Drops the claim of a create that failed, so a retry may try again.
     async fn release_idempotency_key(&self, team_id: &str, key: &str) -> Result<(), StoreError>;
+
+    // Workspaces
+    async fn get_workspace(
+        &self,
+        team_id: &str,
+        user_id: &str,
+    ) -> Result<Option<WorkspaceRecord>, StoreError>;
+    /// Stores the workspace as it is now and the move that made it so, together.
+    async fn record_workspace_move(
+        &self,
+        workspace: &WorkspaceRecord,
+        entry: &WorkspaceMove,
+    ) -> Result<(), StoreError>;
+    async fn workspace_history(
+        &self,
+        team_id: &str,
+        user_id: &str,
+    ) -> Result<Vec<WorkspaceMove>, StoreError>;
 }
 
 /// What [`Store::claim_idempotency_key`] found.

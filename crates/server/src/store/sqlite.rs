@@ -14,10 +14,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, sqlite_template_builds, ApiKeyRecord, BuildRecord, ChecksumStatus,
-    IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord,
-    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
-    TransitionUpdate,
+    sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord, BuildRecord,
+    ChecksumStatus, IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter,
+    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
+    TemplateTag, TransitionUpdate, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -381,6 +381,30 @@ impl Store for SqliteStore {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn get_workspace(
+        &self,
+        team_id: &str,
+        user_id: &str,
+    ) -> Result<Option<WorkspaceRecord>, StoreError> {
+        sqlite_workspaces::get(&self.pool, team_id, user_id).await
+    }
+
+    async fn record_workspace_move(
+        &self,
+        workspace: &WorkspaceRecord,
+        entry: &WorkspaceMove,
+    ) -> Result<(), StoreError> {
+        sqlite_workspaces::record_move(&self.pool, workspace, entry).await
+    }
+
+    async fn workspace_history(
+        &self,
+        team_id: &str,
+        user_id: &str,
+    ) -> Result<Vec<WorkspaceMove>, StoreError> {
+        sqlite_workspaces::history(&self.pool, team_id, user_id).await
     }
 
     async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError> {

@@ -56,6 +56,8 @@ pub struct FakeRuntime {
     pub fail_restore: AtomicBool,
     /// What `host_capacity` reports (plenty unless a test lowers it).
     pub capacity: Mutex<HostCapacity>,
+    /// The deadline `renew` gave each sandbox last.
+    pub deadlines: Mutex<HashMap<String, u64>>,
 }
 
 impl FakeRuntime {
@@ -73,6 +75,7 @@ impl FakeRuntime {
                 sandbox_tasks: u64::MAX,
                 sandbox_disk_bytes: u64::MAX,
             }),
+            deadlines: Mutex::new(HashMap::new()),
         })
     }
 
@@ -259,6 +262,17 @@ impl Runtime for FakeRuntime {
 
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
         Ok(*self.capacity.lock().unwrap())
+    }
+
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        self.deadlines
+            .lock()
+            .unwrap()
+            .insert(id.to_string(), until_unix_ms);
+        Ok(())
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {

@@ -706,6 +706,10 @@ mod tests {
                 checkpoint: self.checkpoint,
             }
         }
+        fn renew(&self, _id: &str, _until_unix_ms: u64) -> Result<(), RuntimeError> {
+            Ok(())
+        }
+
         fn host_capacity(&self) -> Result<warren_runtime::HostCapacity, RuntimeError> {
             Err(RuntimeError::Unsupported(
                 "not measured in these tests".into(),

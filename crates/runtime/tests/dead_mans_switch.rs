@@ -1,0 +1,77 @@
+//! The supervisor's dead man's switch: a sandbox whose deadline passes without renewal is ended by
+//! its own supervisor, with nobody else calling the runtime; a renewed one keeps running.
+
+#![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use warren_runtime::supervisor::deadline;
+use warren_runtime::Runtime;
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|stat| stat.split(' ').nth(2) != Some("Z"))
+        .unwrap_or(false)
+}
+
+#[test]
+fn a_sandbox_whose_deadline_passes_is_ended_by_its_supervisor() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("deadman");
+    let ended = runtime
+        .create(&common::spec(
+            "wt-deadman",
+            vec![base.clone()],
+            common::resources(),
+        ))
+        .expect("create");
+    let renewed = runtime
+        .create(&common::spec(
+            "wt-deadman-kept",
+            vec![base],
+            common::resources(),
+        ))
+        .expect("create");
+    let dir = runtime.sandbox_dir(&ended.id);
+    let first = deadline::read(&dir).expect("create writes a deadline");
+    assert!(
+        first > now_ms() + 60_000,
+        "initial lease too short: {first}"
+    );
+
+    // Both deadlines one second away; only one is renewed for an hour.
+    runtime.renew(&ended.id, now_ms() + 1000).expect("renew");
+    runtime.renew(&renewed.id, now_ms() + 1000).expect("renew");
+    runtime
+        .renew(&renewed.id, now_ms() + 3_600_000)
+        .expect("renew again");
+
+    let started = Instant::now();
+    while alive(ended.init_pid) && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !alive(ended.init_pid),
+        "the supervisor did not end the sandbox"
+    );
+    assert!(dir.join(deadline::EXPIRED_FILE).exists());
+    assert!(alive(renewed.init_pid), "the renewed sandbox was ended too");
+    assert_eq!(common::exec(&renewed, "echo ok").0, "ok\n");
+    assert!(matches!(
+        runtime.renew(&ended.id, now_ms() + 1000),
+        Err(warren_runtime::RuntimeError::NotFound(_))
+    ));
+    runtime.destroy(&ended.id).ok();
+    runtime.destroy(&renewed.id).expect("destroy");
+}

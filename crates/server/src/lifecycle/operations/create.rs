@@ -1,0 +1,403 @@
+//! Creating a sandbox: where it starts from (a template's checkpoint or layers, or a snapshot),
+//! admission, the runtime start and the agent's initialisation.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use warren_proto::api::EnvdInit;
+use warren_runtime::network::egress::EgressRules;
+use warren_runtime::Sandbox;
+
+use super::{new_access_token, new_sandbox_id, Lifecycle, LifecycleError, CLIENT_ID, DEFAULT_USER};
+use crate::config::ServerConfig;
+use crate::lifecycle::admission::{self, Request, Usage};
+use crate::lifecycle::agent_init::init_agent;
+use crate::lifecycle::now_millis;
+use crate::lifecycle::state::SandboxState;
+use crate::store::{SandboxFilter, SandboxRecord, TemplateRecord, TransitionUpdate};
+
+/// A validated create request.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CreateRequest {
+    /// The team the sandbox belongs to (the API key's).
+    pub team_id: String,
+    pub template: String,
+    pub timeout: Option<i64>,
+    pub auto_pause: bool,
+    pub auto_resume: Option<bool>,
+    pub secure: bool,
+    /// `network.allowPublicTraffic = false`: user ports need the traffic access token.
+    pub private_traffic: bool,
+    /// `network.allowOut` / `denyOut` by address.
+    pub egress: EgressRules,
+    pub allow_internet: Option<bool>,
+    pub metadata: BTreeMap<String, String>,
+    pub env_vars: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CreatedSandbox {
+    pub record: SandboxRecord,
+}
+
+/// What a new sandbox starts from.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StartSource {
+    pub template_id: String,
+    pub alias: Option<String>,
+    /// Read-only layers, top-most first.
+    pub layers: Vec<PathBuf>,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub disk_mib: u64,
+    /// Restore this checkpoint (template build, snapshot or fork) instead of starting fresh.
+    pub checkpoint: Option<PathBuf>,
+    /// Access token the checkpointed agent still holds, to re-initialise it with.
+    pub agent_token: Option<String>,
+    pub counts_as_template_spawn: bool,
+    /// A built template without a checkpoint whose start_cmd must run (and ready_cmd pass) in every new
+    /// sandbox, as the build's finalize step did.
+    pub cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+}
+
+/// How a sandbox of a built template begins: the checkpoint its build left (start command running,
+/// ready check passed), or else the build record when its start command must run at create. Neither
+/// for templates without a build record (the built-in `base`) or without a start command.
+fn template_start(
+    config: &ServerConfig,
+    template: &TemplateRecord,
+) -> (
+    Option<PathBuf>,
+    Option<crate::templates::build::versions::BuiltTemplate>,
+) {
+    let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
+    match versions.load(&template.id, &template.build_id) {
+        Ok(built) => match &built.start {
+            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
+                (Some(dir.clone()), None)
+            }
+            _ if built.start_cmd.is_some() => (None, Some(built)),
+            _ => (None, None),
+        },
+        Err(_) => (None, None),
+    }
+}
+
+impl Lifecycle {
+    /// Admit, start and initialise a sandbox.
+    pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
+        let timeout = self.timeout_millis(request.timeout)?;
+        let source = self
+            .start_source(&request.team_id, &request.template)
+            .await?;
+        let now = now_millis();
+        let record = SandboxRecord {
+            id: new_sandbox_id(),
+            team_id: request.team_id,
+            template_id: source.template_id.clone(),
+            alias: source.alias.clone(),
+            client_id: CLIENT_ID.to_string(),
+            state: SandboxState::Creating,
+            state_reason: None,
+            metadata: request.metadata,
+            env_vars: request.env_vars,
+            vcpus: source.vcpus,
+            memory_mib: source.memory_mib,
+            disk_mib: source.disk_mib,
+            auto_pause: request.auto_pause,
+            auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
+            allow_internet: request.allow_internet,
+            envd_access_token: request.secure.then(new_access_token),
+            traffic_access_token: request.private_traffic.then(new_access_token),
+            egress: request.egress,
+            ip: None,
+            init_pid: None,
+            pause_kind: None,
+            snapshot_dir: None,
+            started_at: now,
+            end_at: now + timeout,
+            updated_at: now,
+        };
+        let record = self.admit_and_start(record, &source).await?;
+        if source.counts_as_template_spawn {
+            if let Err(error) = self
+                .store
+                .record_template_spawn(&source.template_id, now_millis())
+                .await
+            {
+                tracing::warn!(template = %source.template_id, %error, "cannot count template spawn");
+            }
+        }
+        Ok(CreatedSandbox { record })
+    }
+
+    /// Admit `record` (state `creating`), store it, start it from `source` (restore its checkpoint or a
+    /// fresh start) and initialise its agent (with the token a restored agent still holds).
+    pub(crate) async fn admit_and_start(
+        &self,
+        mut record: SandboxRecord,
+        source: &StartSource,
+    ) -> Result<SandboxRecord, LifecycleError> {
+        let lock = self.lock_for(&record.id);
+        let _held = lock.lock().await;
+        {
+            let _admitting = self.admission.lock().await;
+            let live = self
+                .store
+                .list_sandboxes(&SandboxFilter {
+                    states: SandboxState::ALL
+                        .into_iter()
+                        .filter(|s| s.holds_resources())
+                        .collect(),
+                    ..SandboxFilter::default()
+                })
+                .await?;
+            let max_pids = self.config.default_resources.max_pids;
+            let request = Request {
+                vcpus: record.vcpus,
+                memory_mib: record.memory_mib,
+                max_pids,
+                disk_mib: record.disk_mib,
+            };
+            let capacity = match self.on_runtime(|runtime| runtime.host_capacity()).await {
+                Ok(capacity) => capacity,
+                Err(source) => {
+                    self.forget_lock(&record.id);
+                    return Err(LifecycleError::Runtime {
+                        action: "measure the host for",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
+            };
+            let team = self.store.get_team(&record.team_id).await?;
+            let team_live = live.iter().filter(|s| s.team_id == record.team_id);
+            let usage = Usage::of(&live, max_pids);
+            let refused = admission::admit(&self.config.limits, usage, request, capacity)
+                .err()
+                .or_else(|| {
+                    let team = team.as_ref()?;
+                    admission::admit_team(team, Usage::of(team_live, max_pids), request).err()
+                });
+            if let Some(refused) = refused {
+                self.metrics.admission_refused();
+                self.forget_lock(&record.id);
+                return Err(refused.into());
+            }
+            self.store.insert_sandbox(&record).await?;
+        }
+        let admitted = std::time::Instant::now();
+
+        let spec = self.spec_with_layers(&record, source.layers.clone());
+        let checkpoint = source.checkpoint.clone();
+        let (action, started) = match checkpoint {
+            Some(dir) => (
+                "restore",
+                self.on_runtime(move |runtime| runtime.restore(&dir, &spec))
+                    .await,
+            ),
+            None => (
+                "start",
+                self.on_runtime(move |runtime| runtime.create(&spec)).await,
+            ),
+        };
+        let sandbox = match started {
+            Ok(sandbox) => sandbox,
+            Err(source) => {
+                let reason = format!("{action} failed: {source}");
+                self.fail(&mut record, reason).await;
+                return Err(LifecycleError::Runtime {
+                    action,
+                    id: record.id.clone(),
+                    source,
+                });
+            }
+        };
+        if let Err(error) = self
+            .init_agent_of(&record, &sandbox, source.agent_token.as_deref())
+            .await
+        {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed init");
+            }
+            self.fail(&mut record, format!("agent init failed: {error}"))
+                .await;
+            return Err(error);
+        }
+        if let Err(source) = self.run_template_start(&record, source, &sandbox).await {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
+            }
+            self.fail(&mut record, format!("template start failed: {source}"))
+                .await;
+            return Err(LifecycleError::TemplateStart {
+                id: record.id.clone(),
+                source,
+            });
+        }
+        self.transition(
+            &mut record,
+            SandboxState::Running,
+            TransitionUpdate {
+                ip: Some(Some(sandbox.ip)),
+                init_pid: Some(Some(sandbox.init_pid)),
+                reason: source
+                    .checkpoint
+                    .as_ref()
+                    .map(|dir| format!("restored from {}", dir.display())),
+                ..TransitionUpdate::default()
+            },
+        )
+        .await?;
+        self.metrics
+            .sandbox_started(admitted.elapsed().as_secs_f64());
+        Ok(record)
+    }
+
+    /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
+    /// build left one, else a cold start on its layers), or else a snapshot of that id or name.
+    async fn start_source(
+        &self,
+        team_id: &str,
+        id_or_alias: &str,
+    ) -> Result<StartSource, LifecycleError> {
+        match self.template(team_id, id_or_alias).await {
+            Ok(template) => {
+                let (checkpoint, cold_start) = template_start(&self.config, &template);
+                Ok(StartSource {
+                    template_id: template.id.clone(),
+                    alias: (id_or_alias != template.id).then(|| id_or_alias.to_string()),
+                    layers: template.layers.clone(),
+                    vcpus: template.vcpus,
+                    memory_mib: template.memory_mib,
+                    disk_mib: template.disk_mib,
+                    checkpoint,
+                    agent_token: None,
+                    counts_as_template_spawn: true,
+                    cold_start,
+                })
+            }
+            Err(LifecycleError::TemplateNotFound(name)) => {
+                let snapshot = self.store.get_snapshot(&name).await?;
+                let Some(snapshot) = snapshot.filter(|s| s.team_id == team_id) else {
+                    return Err(LifecycleError::TemplateNotFound(name));
+                };
+                Ok(StartSource {
+                    template_id: snapshot.template_id.clone(),
+                    alias: Some(snapshot.id.clone()),
+                    layers: snapshot.layers.clone(),
+                    vcpus: snapshot.vcpus,
+                    memory_mib: snapshot.memory_mib,
+                    disk_mib: snapshot.disk_mib,
+                    checkpoint: Some(snapshot.dir.clone()),
+                    agent_token: snapshot.envd_access_token.clone(),
+                    counts_as_template_spawn: false,
+                    cold_start: None,
+                })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
+    async fn template(
+        &self,
+        team_id: &str,
+        id_or_alias: &str,
+    ) -> Result<TemplateRecord, LifecycleError> {
+        let visible = |t: &TemplateRecord| t.public || t.team_id == team_id;
+        let (name, tag) = crate::templates::tags::split_reference(id_or_alias);
+        match self.store.get_template(name).await?.filter(visible) {
+            Some(template) if template.status == "ready" => {
+                let store = self.store.as_ref();
+                crate::templates::tags::template_at_tag(
+                    store,
+                    &self.config.state_dir,
+                    template,
+                    tag,
+                )
+                .await
+                .map_err(|e| LifecycleError::Conflict(e.to_string()))?
+                .ok_or_else(|| LifecycleError::TemplateNotFound(id_or_alias.to_string()))
+            }
+            Some(template) => Err(LifecycleError::Conflict(format!(
+                "template '{id_or_alias}' is not ready (status {})",
+                template.status
+            ))),
+            None => Err(LifecycleError::TemplateNotFound(id_or_alias.to_string())),
+        }
+    }
+
+    pub(super) async fn init_agent_of(
+        &self,
+        record: &SandboxRecord,
+        sandbox: &Sandbox,
+        previous_token: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        self.init_agent_at(record, sandbox.agent_addr(), previous_token)
+            .await
+    }
+
+    /// `POST /init` to the agent at `addr` with what `record` gives it; a sandbox whose egress has
+    /// header rules also gets the host's egress CA to trust.
+    pub(super) async fn init_agent_at(
+        &self,
+        record: &SandboxRecord,
+        addr: std::net::SocketAddr,
+        previous_token: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let trusted_ca = if record.egress.header_rules.is_empty() {
+            None
+        } else {
+            self.on_runtime(|runtime| Ok(runtime.egress_trust_anchor()))
+                .await
+                .ok()
+                .flatten()
+        };
+        let body = EnvdInit {
+            env_vars: record.env_vars.clone(),
+            access_token: record.envd_access_token.clone(),
+            default_user: Some(DEFAULT_USER.to_string()),
+            default_workdir: None,
+            timestamp: Some(chrono::Utc::now()),
+            warren_trusted_ca: trusted_ca,
+        };
+        init_agent(addr, &body, previous_token, self.config.agent_init_timeout)
+            .await
+            .map_err(|source| LifecycleError::AgentInit {
+                id: record.id.clone(),
+                source,
+            })
+    }
+
+    /// A built template with a start command and no checkpoint: run start_cmd in the new sandbox and
+    /// wait for its ready command, as the build's finalize step did.
+    async fn run_template_start(
+        &self,
+        record: &SandboxRecord,
+        source: &StartSource,
+        sandbox: &Sandbox,
+    ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
+        use crate::templates::build::{agent_commands::EnvdCommands, instantiate};
+        let Some(built) = source.cold_start.clone() else {
+            return Ok(());
+        };
+        let sandbox = sandbox.clone();
+        let id = sandbox.id.clone();
+        let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
+        let ready_timeout = self
+            .config
+            .agent_init_timeout
+            .max(std::time::Duration::from_secs(60));
+        tokio::task::spawn_blocking(move || {
+            instantiate::run_start_cmd(&commands, &built, &sandbox, ready_timeout).map(drop)
+        })
+        .await
+        .unwrap_or_else(|join| {
+            tracing::error!(sandbox = %id, error = %join, "start_cmd thread panicked");
+            Err(instantiate::InstantiateError::StartExited { id, code: -1 })
+        })
+    }
+}

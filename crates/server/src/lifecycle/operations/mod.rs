@@ -1,0 +1,329 @@
+//! The operations on sandboxes. Each one takes the sandbox's lock, checks the transition table, calls the
+//! runtime and stores the transition. HTTP handlers and the proxy only call these. This file holds the
+//! `Lifecycle` itself, its errors and the helpers every operation shares; each operation has its own file.
+
+mod create;
+mod kill;
+mod network;
+mod pause;
+mod query;
+mod resume;
+
+pub(crate) use create::StartSource;
+pub use create::{CreateRequest, CreatedSandbox};
+pub use resume::ResumeOutcome;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use rand::distributions::{Alphanumeric, DistString};
+use rand::Rng;
+use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, SandboxSpec};
+
+use self::network::network_spec;
+use super::admission::AdmissionError;
+use super::agent_init::AgentInitError;
+use super::now_millis;
+use super::routes::{Route, RouteTable};
+use super::state::{InvalidTransition, SandboxState};
+use crate::config::ServerConfig;
+use crate::metrics::Metrics;
+use crate::store::{Millis, SandboxRecord, Store, StoreError, TransitionUpdate};
+
+/// User the agent runs commands as unless a request names another.
+const DEFAULT_USER: &str = "user";
+/// Client ID reported for every sandbox of this node.
+const CLIENT_ID: &str = "warren";
+
+#[derive(Debug, thiserror::Error)]
+pub enum LifecycleError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("template '{0}' not found")]
+    TemplateNotFound(String),
+    #[error("user {0} has no workspace")]
+    WorkspaceNotFound(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Quota(#[from] AdmissionError),
+    #[error("{0}")]
+    Conflict(String),
+    #[error(transparent)]
+    Transition(#[from] InvalidTransition),
+    #[error("runtime failed to {action} sandbox {id}")]
+    Runtime {
+        action: &'static str,
+        id: String,
+        #[source]
+        source: RuntimeError,
+    },
+    #[error("agent of sandbox {id} did not initialise")]
+    AgentInit {
+        id: String,
+        #[source]
+        source: AgentInitError,
+    },
+    #[error("template start of sandbox {id} failed")]
+    TemplateStart {
+        id: String,
+        #[source]
+        source: crate::templates::build::instantiate::InstantiateError,
+    },
+    #[error("store failed")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Unsupported(String),
+}
+
+/// Why the proxy cannot reach a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("sandbox {0} not found")]
+    NotFound(String),
+    #[error("sandbox {0} is paused and does not resume on traffic; resume it through the API")]
+    Paused(String),
+    #[error("sandbox {id} could not be resumed")]
+    ResumeFailed {
+        id: String,
+        #[source]
+        source: Box<LifecycleError>,
+    },
+    #[error("store failed")]
+    Store(#[from] StoreError),
+}
+
+pub struct Lifecycle {
+    store: Arc<dyn Store>,
+    runtime: Arc<dyn Runtime>,
+    config: ServerConfig,
+    capabilities: Capabilities,
+    metrics: Arc<Metrics>,
+    /// One lock per sandbox: operations on one sandbox happen one after another.
+    locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Serialises admission checks with the insert that follows them.
+    admission: tokio::sync::Mutex<()>,
+    /// Running sandboxes' addresses (and the ones being killed), for the proxy's fast path.
+    routes: RouteTable,
+}
+
+fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
+    let id = id.to_string();
+    move |source| LifecycleError::Runtime { action, id, source }
+}
+
+/// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
+/// contains no `-`, so `<port>-<id>` splits cleanly).
+pub(crate) fn new_sandbox_id() -> String {
+    let mut rng = rand::thread_rng();
+    let first = rng.gen_range(b'a'..=b'z') as char;
+    let rest: String = Alphanumeric
+        .sample_string(&mut rng, 19)
+        .to_ascii_lowercase();
+    format!("{first}{rest}")
+}
+
+pub(crate) fn new_access_token() -> String {
+    let mut bytes = [0u8; 24];
+    rand::thread_rng().fill(&mut bytes);
+    hex::encode(bytes)
+}
+
+impl Lifecycle {
+    pub fn new(
+        store: Arc<dyn Store>,
+        runtime: Arc<dyn Runtime>,
+        config: ServerConfig,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        let capabilities = runtime.capabilities();
+        Lifecycle {
+            store,
+            runtime,
+            config,
+            capabilities,
+            metrics,
+            locks: Mutex::new(HashMap::new()),
+            admission: tokio::sync::Mutex::new(()),
+            routes: RouteTable::default(),
+        }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn config(&self) -> &ServerConfig {
+        &self.config
+    }
+
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// Run a blocking runtime call off the async threads.
+    pub(crate) async fn on_runtime<T, F>(&self, call: F) -> Result<T, RuntimeError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Runtime) -> Result<T, RuntimeError> + Send + 'static,
+    {
+        let runtime = Arc::clone(&self.runtime);
+        tokio::task::spawn_blocking(move || call(runtime.as_ref()))
+            .await
+            .unwrap_or_else(|join| {
+                Err(RuntimeError::failed(format!(
+                    "runtime call panicked: {join}"
+                )))
+            })
+    }
+
+    pub(crate) fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        Arc::clone(locks.entry(id.to_string()).or_default())
+    }
+
+    pub(crate) fn forget_lock(&self, id: &str) {
+        let mut locks = self
+            .locks
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        locks.remove(id);
+    }
+
+    /// Check the table, store the transition and its event, and keep the caches in step.
+    pub(crate) async fn transition(
+        &self,
+        record: &mut SandboxRecord,
+        to: SandboxState,
+        update: TransitionUpdate,
+    ) -> Result<(), LifecycleError> {
+        record.state.check_transition(to)?;
+        let now = now_millis();
+        self.store
+            .transition_sandbox(&record.id, record.state, to, &update, now)
+            .await?;
+        tracing::info!(sandbox = %record.id, from = %record.state, to = %to, reason = ?update.reason, "sandbox transition");
+        self.metrics.transition(record.state, to);
+        record.state = to;
+        record.state_reason = update.reason;
+        record.updated_at = now;
+        if let Some(ip) = update.ip {
+            record.ip = ip;
+        }
+        if let Some(pid) = update.init_pid {
+            record.init_pid = pid;
+        }
+        if let Some(kind) = update.pause_kind {
+            record.pause_kind = kind;
+        }
+        if let Some(dir) = update.snapshot_dir {
+            record.snapshot_dir = dir;
+        }
+        if let Some(end_at) = update.end_at {
+            record.end_at = end_at;
+        }
+        match (to, record.ip) {
+            (SandboxState::Running, Some(ip)) => {
+                self.routes.set(&record.id, Some(Route::live(ip, record)))
+            }
+            _ => self.routes.set(&record.id, None),
+        }
+        if to.is_terminal() {
+            self.forget_lock(&record.id);
+        }
+        Ok(())
+    }
+
+    /// Move to `failed`, logging (not returning) a store error: the caller is already reporting one.
+    async fn fail(&self, record: &mut SandboxRecord, reason: String) {
+        tracing::warn!(sandbox = %record.id, %reason, "sandbox failed");
+        let update = TransitionUpdate {
+            reason: Some(reason),
+            ip: Some(None),
+            init_pid: Some(None),
+            ..TransitionUpdate::default()
+        };
+        if let Err(error) = self.transition(record, SandboxState::Failed, update).await {
+            tracing::error!(sandbox = %record.id, %error, "cannot record failure");
+        }
+    }
+
+    /// Take the sandbox's lock and read it; `NotFound` (and no lock left behind) unless it is live.
+    pub(crate) async fn lock_live(
+        &self,
+        id: &str,
+    ) -> Result<(tokio::sync::OwnedMutexGuard<()>, SandboxRecord), LifecycleError> {
+        let held = self.lock_for(id).lock_owned().await;
+        match self.live_record(id).await {
+            Ok(record) => Ok((held, record)),
+            Err(error) => {
+                drop(held);
+                self.forget_lock(id);
+                Err(error)
+            }
+        }
+    }
+
+    /// A live (non-terminal) sandbox, or `NotFound`.
+    async fn live_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        match self.store.get_sandbox(id).await? {
+            Some(record) if !record.state.is_terminal() => Ok(record),
+            _ => Err(LifecycleError::NotFound(id.to_string())),
+        }
+    }
+
+    /// Validate a timeout in seconds against the node's maximum.
+    pub fn timeout_millis(&self, timeout: Option<i64>) -> Result<Millis, LifecycleError> {
+        let max = self.config.limits.max_timeout.as_secs() as i64;
+        let seconds = match timeout {
+            None => self.config.limits.default_timeout.as_secs() as i64,
+            Some(seconds) if seconds <= 0 => {
+                return Err(LifecycleError::BadRequest(format!(
+                    "timeout must be a positive number of seconds, got {seconds}"
+                )))
+            }
+            Some(seconds) if seconds > max => {
+                return Err(LifecycleError::BadRequest(format!(
+                    "timeout {seconds} s is longer than this server's maximum of {max} s"
+                )))
+            }
+            Some(seconds) => seconds,
+        };
+        Ok(seconds * 1000)
+    }
+
+    pub(crate) fn spec_with_layers(
+        &self,
+        record: &SandboxRecord,
+        layers: Vec<PathBuf>,
+    ) -> SandboxSpec {
+        SandboxSpec {
+            id: record.id.clone(),
+            layers,
+            resources: Resources {
+                vcpus: record.vcpus,
+                memory_mib: record.memory_mib,
+                disk_mib: record.disk_mib,
+                max_pids: self.config.default_resources.max_pids,
+            },
+            network: network_spec(record),
+            syscalls: Default::default(),
+        }
+    }
+}
+
+pub(crate) async fn remove_snapshot(dir: &std::path::Path) {
+    match tokio::fs::remove_dir_all(dir).await {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => tracing::warn!(dir = %dir.display(), %error, "cannot remove snapshot"),
+    }
+}

@@ -1,0 +1,127 @@
+//! A sandbox's network: its egress rules and where the proxy sends its traffic.
+
+use warren_runtime::network::egress::{Cidr, EgressRules};
+
+use super::{Lifecycle, LifecycleError, RouteError};
+use crate::lifecycle::routes::{Route, TrafficRoute};
+use crate::lifecycle::state::SandboxState;
+use crate::store::SandboxRecord;
+
+impl Lifecycle {
+    /// Replaces a sandbox's egress rules (`PUT /sandboxes/{id}/network`): at once on a running one, at
+    /// its next resume on a paused one; kept in the store either way.
+    pub async fn set_egress(&self, id: &str, rules: EgressRules) -> Result<(), LifecycleError> {
+        let (_held, record) = self.lock_live(id).await?;
+        let updated = SandboxRecord {
+            egress: rules,
+            ..record.clone()
+        };
+        if record.state == SandboxState::Running {
+            let spec = network_spec(&updated);
+            let id_owned = id.to_string();
+            self.on_runtime(move |runtime| runtime.set_network(&id_owned, &spec))
+                .await
+                .map_err(|source| LifecycleError::Runtime {
+                    action: "set the egress rules of",
+                    id: id.to_string(),
+                    source,
+                })?;
+            // New header rules over HTTPS need the egress CA trusted inside.
+            if let (false, Some(ip)) = (updated.egress.header_rules.is_empty(), updated.ip) {
+                let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
+                self.init_agent_at(&updated, addr, updated.envd_access_token.as_deref())
+                    .await?;
+            }
+        }
+        self.store.set_sandbox_egress(id, &updated.egress).await?;
+        Ok(())
+    }
+
+    /// Gives an adopted sandbox its network rules again: nftables kept them across the restart, but
+    /// the egress proxy's host-name and header rules lived in the old process. Without this its
+    /// allowed names would be refused (the proxy fails closed), never wrongly allowed.
+    pub(crate) async fn reinstall_network(&self, record: &SandboxRecord) {
+        if record.egress.allow_hosts.is_empty() && record.egress.header_rules.is_empty() {
+            return;
+        }
+        let spec = network_spec(record);
+        let id = record.id.clone();
+        if let Err(error) = self
+            .on_runtime(move |runtime| runtime.set_network(&id, &spec))
+            .await
+        {
+            tracing::warn!(sandbox = %record.id, %error, "cannot reinstall the egress rules of an adopted sandbox");
+        }
+    }
+
+    /// Where the proxy should send traffic for sandbox `id`: resumes a paused sandbox that allows it.
+    pub async fn route_for_traffic(&self, id: &str) -> Result<TrafficRoute, RouteError> {
+        match self.routes.get(id) {
+            Some(Route::Live(route)) => return Ok(route),
+            Some(Route::Ending) => return Err(RouteError::NotFound(id.to_string())),
+            None => {}
+        }
+        let route = |record: &SandboxRecord| {
+            record.ip.map(|ip| TrafficRoute {
+                ip,
+                traffic_token: record.traffic_access_token.clone(),
+            })
+        };
+        let record = match self.store.get_sandbox(id).await? {
+            Some(record) if !record.state.is_terminal() => record,
+            _ => return Err(RouteError::NotFound(id.to_string())),
+        };
+        match record.state {
+            SandboxState::Running => {
+                route(&record).ok_or_else(|| RouteError::NotFound(id.to_string()))
+            }
+            SandboxState::Paused | SandboxState::Pausing if !record.auto_resume => {
+                Err(RouteError::Paused(id.to_string()))
+            }
+            _ => {
+                // Paused (auto-resume), or mid-transition: resume waits for the sandbox's lock.
+                let resumed = self.resume(id, None).await.map_err(|source| match source {
+                    LifecycleError::NotFound(id) => RouteError::NotFound(id),
+                    other => RouteError::ResumeFailed {
+                        id: id.to_string(),
+                        source: Box::new(other),
+                    },
+                })?;
+                route(&resumed.0).ok_or_else(|| RouteError::NotFound(id.to_string()))
+            }
+        }
+    }
+
+    /// Fill the proxy's route cache from the store (after reconciliation).
+    pub(crate) fn remember_route(&self, record: &SandboxRecord) {
+        if let (SandboxState::Running, Some(ip)) = (record.state, record.ip) {
+            self.routes.set(&record.id, Some(Route::live(ip, record)));
+        }
+    }
+}
+
+/// The runtime's network settings of `record`. E2B's model: `allow_internet_access: false` is a deny
+/// of everything, and allowed networks win over denied ones, so a sandbox without internet access but
+/// with allowed networks goes out for those only.
+pub(super) fn network_spec(record: &SandboxRecord) -> warren_runtime::NetworkSpec {
+    let mut egress = record.egress.clone();
+    let internet = match record.allow_internet {
+        Some(false) if egress.allow.is_empty() && egress.allow_hosts.is_empty() => false,
+        Some(false) => {
+            let everything = Cidr {
+                network: std::net::Ipv4Addr::UNSPECIFIED,
+                prefix: 0,
+            };
+            if !egress.deny.contains(&everything) {
+                egress.deny.push(everything);
+            }
+            true
+        }
+        _ => true,
+    };
+    warren_runtime::NetworkSpec {
+        allow_internet: internet,
+        raw_sockets: false,
+        egress,
+    }
+}

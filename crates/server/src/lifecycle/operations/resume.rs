@@ -1,0 +1,172 @@
+//! Resuming a paused sandbox: restore its checkpoint into fresh namespaces or thaw it.
+
+use warren_runtime::RuntimeError;
+
+use super::{remove_snapshot, Lifecycle, LifecycleError};
+use crate::lifecycle::now_millis;
+use crate::lifecycle::state::SandboxState;
+use crate::store::{Millis, PauseKind, SandboxRecord, TransitionUpdate};
+
+/// What connect/resume did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResumeOutcome {
+    Resumed,
+    AlreadyRunning,
+}
+
+impl Lifecycle {
+    /// Resume a paused sandbox (connect semantics: a running one just gets its timeout extended).
+    /// `timeout` in seconds; `None` keeps the default.
+    pub async fn resume(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+    ) -> Result<(SandboxRecord, ResumeOutcome), LifecycleError> {
+        let timeout = self.timeout_millis(timeout)?;
+        let (_held, mut record) = self.lock_live(id).await?;
+        let now = now_millis();
+        match record.state {
+            SandboxState::Paused => {}
+            SandboxState::Running | SandboxState::Creating | SandboxState::Resuming => {
+                let end_at = now + timeout;
+                if end_at > record.end_at {
+                    self.store.set_sandbox_end(id, end_at, now).await?;
+                    record.end_at = end_at;
+                }
+                return Ok((record, ResumeOutcome::AlreadyRunning));
+            }
+            other => {
+                return Err(LifecycleError::Conflict(format!(
+                    "sandbox {id} is {other} and cannot be resumed now"
+                )))
+            }
+        }
+        self.resume_locked(&mut record, now + timeout).await?;
+        Ok((record, ResumeOutcome::Resumed))
+    }
+
+    async fn resume_locked(
+        &self,
+        record: &mut SandboxRecord,
+        end_at: Millis,
+    ) -> Result<(), LifecycleError> {
+        self.transition(record, SandboxState::Resuming, TransitionUpdate::default())
+            .await?;
+        let id = record.id.clone();
+        match record.pause_kind {
+            Some(PauseKind::Checkpoint) => {
+                let Some(dir) = record.snapshot_dir.clone() else {
+                    self.fail(record, "checkpoint directory missing".to_string())
+                        .await;
+                    return Err(LifecycleError::Conflict(format!(
+                        "sandbox {id} has no checkpoint to resume"
+                    )));
+                };
+                let template = match self.store.get_template(&record.template_id).await? {
+                    Some(template) => template,
+                    None => {
+                        self.fail(record, "template gone".to_string()).await;
+                        return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
+                    }
+                };
+                // The layers the checkpoint was taken over: a rebuild since moved the template on.
+                let layers = warren_runtime::checkpoint::Manifest::read(&dir)
+                    .map_or_else(|_| template.layers.clone(), |m| m.layers);
+                let spec = self.spec_with_layers(record, layers);
+                let checkpoint = dir.clone();
+                let restored = self
+                    .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
+                    .await;
+                let sandbox = match restored {
+                    Ok(sandbox) => sandbox,
+                    Err(source) => {
+                        self.transition(
+                            record,
+                            SandboxState::Paused,
+                            TransitionUpdate {
+                                reason: Some(format!("restore failed: {source}")),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await?;
+                        return Err(LifecycleError::Runtime {
+                            action: "restore",
+                            id,
+                            source,
+                        });
+                    }
+                };
+                let token = record.envd_access_token.clone();
+                if let Err(error) = self.init_agent_of(record, &sandbox, token.as_deref()).await {
+                    // The restored tree is running but unusable; the checkpoint is still on disk.
+                    let id = record.id.clone();
+                    if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await
+                    {
+                        tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed re-init");
+                    }
+                    self.transition(
+                        record,
+                        SandboxState::Paused,
+                        TransitionUpdate {
+                            reason: Some(format!("agent re-init failed: {error}")),
+                            ..TransitionUpdate::default()
+                        },
+                    )
+                    .await?;
+                    return Err(error);
+                }
+                self.transition(
+                    record,
+                    SandboxState::Running,
+                    TransitionUpdate {
+                        ip: Some(Some(sandbox.ip)),
+                        init_pid: Some(Some(sandbox.init_pid)),
+                        pause_kind: Some(None),
+                        snapshot_dir: Some(None),
+                        end_at: Some(end_at),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+                remove_snapshot(&dir).await;
+                Ok(())
+            }
+            Some(PauseKind::Freeze) | None => {
+                match self.on_runtime(move |runtime| runtime.thaw(&id)).await {
+                    Ok(()) => {
+                        self.transition(
+                            record,
+                            SandboxState::Running,
+                            TransitionUpdate {
+                                pause_kind: Some(None),
+                                end_at: Some(end_at),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await
+                    }
+                    Err(RuntimeError::NotFound(_)) => {
+                        self.fail(record, "lost while paused".to_string()).await;
+                        Err(LifecycleError::NotFound(record.id.clone()))
+                    }
+                    Err(source) => {
+                        self.transition(
+                            record,
+                            SandboxState::Paused,
+                            TransitionUpdate {
+                                reason: Some(format!("thaw failed: {source}")),
+                                ..TransitionUpdate::default()
+                            },
+                        )
+                        .await?;
+                        Err(LifecycleError::Runtime {
+                            action: "thaw",
+                            id: record.id.clone(),
+                            source,
+                        })
+                    }
+                }
+            }
+        }
+    }
+}
