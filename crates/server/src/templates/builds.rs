@@ -394,6 +394,63 @@ impl TemplateBuilds {
         self.store.upsert_template(&record).await
     }
 
+    /// Makes sure the built-in template `id` (public, the default team's) is built from `plan`: its newest
+    /// version is used as it is when it was built from the same plan (same final layer key, start and
+    /// ready commands); otherwise a build starts in the background and the template becomes `ready`
+    /// when it finishes (while an older version exists, that one stays current meanwhile). Returns the
+    /// id of the started build, or None when the cached version serves.
+    pub async fn ensure_builtin(
+        self: &Arc<Self>,
+        id: &str,
+        aliases: &[&str],
+        plan: super::build::plan::BuildPlan,
+    ) -> Result<Option<String>, BuildsError> {
+        let latest = self.service.versions().latest(id)?;
+        let cached = latest.filter(|built| {
+            built.final_key == plan.final_key()
+                && built.start_cmd == plan.start_cmd
+                && built.ready_cmd == plan.ready_cmd
+        });
+        let existing = self.store.get_template(id).await?;
+        let now = now_millis();
+        let record = TemplateRecord {
+            id: id.to_string(),
+            aliases: aliases.iter().map(|a| a.to_string()).collect(),
+            layers: existing
+                .as_ref()
+                .map_or_else(Vec::new, |t| t.layers.clone()),
+            build_id: existing
+                .as_ref()
+                .map_or_else(String::new, |t| t.build_id.clone()),
+            status: existing
+                .as_ref()
+                .map_or_else(|| "building".to_string(), |t| t.status.clone()),
+            vcpus: plan.cpu_count.map_or(self.defaults.vcpus, f64::from),
+            memory_mib: plan.memory_mb.unwrap_or(self.defaults.memory_mib),
+            disk_mib: self.defaults.disk_mib,
+            envd_version: ENVD_VERSION.to_string(),
+            public: true,
+            team_id: crate::store::DEFAULT_TEAM.to_string(),
+            spawn_count: existing.as_ref().map_or(0, |t| t.spawn_count),
+            last_spawned_at: existing.as_ref().and_then(|t| t.last_spawned_at),
+            created_at: existing.as_ref().map_or(now, |t| t.created_at),
+            updated_at: now,
+        };
+        self.store.upsert_template(&record).await?;
+        if let Some(built) = cached {
+            self.record_result(id, Some(built)).await?;
+            return Ok(None);
+        }
+        let build_id = uuid::Uuid::new_v4().to_string();
+        let pending = PendingBuild {
+            cpu_count: plan.cpu_count,
+            memory_mb: plan.memory_mb,
+            dockerfile: None,
+        };
+        self.launch(id, &build_id, pending, plan)?;
+        Ok(Some(build_id))
+    }
+
     /// The SDK's status body. A requested build not started yet is `waiting`; a build of an earlier
     /// server run is known from its version record.
     pub async fn status(
