@@ -191,6 +191,32 @@ def test_a_kernel_that_exits_is_reported_and_replaced(sandbox):
     sandbox.remove_code_context(ctx)
 
 
+def test_restart_ends_a_cell_that_ignores_interrupts(sandbox):
+    import threading
+
+    ctx = sandbox.create_code_context()
+    sandbox.run_code("before = 1", context=ctx)
+    outcome = {}
+    looping = threading.Event()
+
+    def stubborn():
+        code = (
+            "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+            "print('looping', flush=True)\nwhile True:\n    pass"
+        )
+        outcome["execution"] = sandbox.run_code(code, context=ctx, timeout=120, on_stdout=lambda _m: looping.set())
+
+    runner = threading.Thread(target=stubborn)
+    runner.start()
+    assert looping.wait(60), "the cell did not start"
+    sandbox.restart_code_context(ctx)
+    runner.join(timeout=60)
+    assert not runner.is_alive(), "the cell still runs after the restart"
+    assert outcome["execution"].error.name == "ContextRestarting"
+    assert sandbox.run_code("'before' in globals()", context=ctx).text == "False"
+    sandbox.remove_code_context(ctx)
+
+
 def test_env_vars_per_call_and_from_create(interpreter):
     sbx = interpreter.create(envs={"FROM_CREATE": "sandbox-wide"}, timeout=120)
     try:

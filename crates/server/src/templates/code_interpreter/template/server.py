@@ -155,6 +155,7 @@ class Context:
         self.cwd = cwd
         self.lock = threading.Lock()
         self.globals_applied = False
+        self.restarting = False
         self.manager = None
         self.client = None
         self._start()
@@ -184,16 +185,20 @@ class Context:
             self.run_silent(python_chdir_code(self.cwd))
 
     def restart(self):
+        # The kernel is killed before the lock is taken: a cell that never ends (one that ignores
+        # SIGINT) holds the lock, and its request ends with KernelDied once the kernel is gone.
+        self.restarting = True
+        self.manager.shutdown_kernel(now=True)
         with self.lock:
             self.client.stop_channels()
-            self.manager.shutdown_kernel(now=True)
             self.globals_applied = False
             self._start()
+            self.restarting = False
 
     def shutdown(self):
+        self.manager.shutdown_kernel(now=True)
         with self.lock:
             self.client.stop_channels()
-            self.manager.shutdown_kernel(now=True)
 
     def _drain(self, msg_id, on_message, deadline=None):
         """Reads iopub until the kernel is idle after `msg_id`, passing that cell's messages on."""
@@ -287,7 +292,10 @@ class Context:
 
         def forward(msg):
             if msg is None:
-                emit({"type": "error", "name": "KernelDied", "value": "the kernel exited while running the cell", "traceback": ""})
+                if self.restarting:
+                    emit({"type": "error", "name": "ContextRestarting", "value": "the context was restarted", "traceback": ""})
+                else:
+                    emit({"type": "error", "name": "KernelDied", "value": "the kernel exited while running the cell", "traceback": ""})
                 raise KernelDied()
             kind = msg["msg_type"]
             content = msg.get("content", {})
