@@ -55,10 +55,6 @@ class DataFrameFormatter(BaseFormatter):
 # --- charts -------------------------------------------------------------------------------------------
 
 
-def _text(text_object):
-    return text_object.get_text() if text_object is not None else ""
-
-
 def _ticks(axis_getter_ticks, axis_getter_labels):
     ticks = [_jsonable(t) for t in axis_getter_ticks()]
     labels = [label.get_text() for label in axis_getter_labels()]

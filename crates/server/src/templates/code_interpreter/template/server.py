@@ -35,7 +35,6 @@ import threading
 import time
 import urllib.request
 import uuid
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from jupyter_client.manager import KernelManager
