@@ -331,3 +331,21 @@ def test_js_sdk(interpreter, warren):
     assert done.returncode == 0, f"stdout:\n{done.stdout}\nstderr:\n{done.stderr}"
     assert "all checks passed" in done.stdout
     print(done.stdout, f"node exited after {time.monotonic() - started:.1f}s")
+
+
+def test_a_template_built_on_it_keeps_the_kernel_stack(interpreter):
+    from e2b import Template
+
+    built = Template.build(
+        Template()
+        .from_template(TEMPLATE)
+        .run_cmd("echo derived > /home/user/marker.txt")
+        .set_start_cmd("python3 /opt/warren/interpreter/server.py", "curl -sf http://127.0.0.1:49999/health"),
+        alias="wt-e2e-derived-interpreter",
+    )
+    sbx = interpreter.create(template=built.template_id, timeout=120)
+    try:
+        assert sbx.run_code("open('/home/user/marker.txt').read().strip()").text == "derived"
+        assert sbx.run_code("import pandas\npandas.__version__").error is None
+    finally:
+        sbx.kill()
