@@ -250,6 +250,34 @@ def test_a_language_without_a_kernel_is_refused_by_name(sandbox):
         sandbox.create_code_context(language="cobol")
 
 
+def test_bash_cells_keep_shell_state_and_survive_pause(interpreter):
+    sbx = interpreter.create(timeout=300)
+    try:
+        ctx = sbx.create_code_context(language="bash", cwd="/tmp")
+        assert ctx.language == "bash" and ctx.cwd == "/tmp"
+        first = sbx.run_code("GREETING=hello\necho $GREETING from $(pwd)\ncd /home", context=ctx)
+        assert first.error is None, first.error
+        assert "".join(first.logs.stdout) == "hello from /tmp\n"
+        again = sbx.run_code("echo $GREETING in $(pwd)", context=ctx)
+        assert "".join(again.logs.stdout) == "hello in /home\n"
+        scoped = sbx.run_code("echo $SCOPED", context=ctx, envs={"SCOPED": "it's set"})
+        assert "".join(scoped.logs.stdout) == "it's set\n"
+        after = sbx.run_code('echo "${SCOPED-unset}"', context=ctx)
+        assert "".join(after.logs.stdout) == "unset\n"
+        failed = sbx.run_code("ls /no/such/dir", context=ctx)
+        assert failed.error is not None
+        assert "No such file" in "".join(failed.logs.stderr + failed.logs.stdout) + failed.error.traceback
+        # language="bash" without a context: the default Bash context.
+        assert "".join(sbx.run_code("echo $((6 * 7))", language="bash").logs.stdout) == "42\n"
+        # The bash process (behind a pty) is checkpointed with the sandbox.
+        sbx.beta_pause()
+        resumed = interpreter.connect(sbx.sandbox_id)
+        kept = resumed.run_code("echo $GREETING in $(pwd)", context=ctx)
+        assert "".join(kept.logs.stdout) == "hello in /home\n"
+    finally:
+        sbx.kill()
+
+
 def test_pause_and_connect_keep_variables(interpreter):
     sbx = interpreter.create(timeout=300)
     try:

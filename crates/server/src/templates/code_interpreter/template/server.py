@@ -1,5 +1,6 @@
 """Warren's code-interpreter server: the HTTP API the `e2b_code_interpreter` SDKs call on port 49999
-inside a sandbox of the built-in `code-interpreter` template, in front of Jupyter kernels.
+inside a sandbox of the built-in `code-interpreter` template, in front of Jupyter kernels (Python and, where
+its kernelspec is installed, Bash).
 
 Python standard library (http.server) plus jupyter_client, which speaks Jupyter's wire protocol over
 ZeroMQ. Kernels use ZeroMQ's `ipc` transport (Unix sockets under /tmp), so a checkpoint of the sandbox
@@ -23,13 +24,13 @@ Streamed lines of /execute, one JSON object each:
 A client that goes away (the SDK's `timeout`) interrupts the cell, so the context stays usable.
 """
 
-import ast
 import datetime
 import json
 import logging
 import os
 import queue
 import re
+import shlex
 import sys
 import threading
 import time
@@ -48,9 +49,20 @@ KEEPALIVE_S = 1.0
 SOCKET_DIR = "/tmp/warren-interpreter"
 
 # Languages a context can have, with their Jupyter kernel name. Only kernels installed in this template
-# are listed: anything else is refused with 400 naming the language.
-KERNELS = {"python": "python3"}
-LANGUAGE_ALIASES = {"python3": "python", "py": "python"}
+# are offered (see installed_kernels): anything else is refused with 400 naming the language.
+KNOWN_KERNELS = {"python": "python3", "bash": "bash"}
+LANGUAGE_ALIASES = {"python3": "python", "py": "python", "sh": "bash", "shell": "bash"}
+SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def installed_kernels():
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    specs = KernelSpecManager().find_kernel_specs()
+    return {language: kernel for language, kernel in KNOWN_KERNELS.items() if kernel in specs}
+
+
+KERNELS = installed_kernels()
 
 # MIME types the SDK's Result has a field for.
 MIME_FIELDS = {
@@ -127,18 +139,76 @@ def result_line(content, is_main_result):
     return line
 
 
-def python_env_code(assign, remove):
-    """Python code that sets `assign` and removes `remove` from os.environ in the kernel."""
-    return (
-        "import os as __warren_os\n"
-        f"__warren_os.environ.update({json.dumps(assign)})\n"
-        f"for __warren_k in {json.dumps(sorted(remove))}: __warren_os.environ.pop(__warren_k, None)\n"
-        "del __warren_os\n"
-    )
+class PythonDialect:
+    """Bookkeeping code for a Python kernel: environment variables and the working directory."""
+
+    @staticmethod
+    def check_env_names(names):
+        return None
+
+    @staticmethod
+    def set_env(assign):
+        return f"import os as __warren_os\n__warren_os.environ.update({json.dumps(assign)})\ndel __warren_os\n"
+
+    @staticmethod
+    def begin_scoped_env(assign):
+        """Saves the current values of `assign`'s names in the kernel, then sets them."""
+        return (
+            "import os as __warren_os\n"
+            f"__warren_saved_env = {{k: __warren_os.environ.get(k) for k in {json.dumps(sorted(assign))}}}\n"
+            f"__warren_os.environ.update({json.dumps(assign)})\n"
+            "del __warren_os\n"
+        )
+
+    @staticmethod
+    def end_scoped_env(assign):
+        """Puts back what begin_scoped_env saved: the old value, or no variable at all."""
+        return (
+            "import os as __warren_os\n"
+            "for __warren_k, __warren_v in __warren_saved_env.items():\n"
+            "    if __warren_v is None: __warren_os.environ.pop(__warren_k, None)\n"
+            "    else: __warren_os.environ[__warren_k] = __warren_v\n"
+            "del __warren_os, __warren_saved_env\n"
+        )
+
+    @staticmethod
+    def chdir(path):
+        return f"import os as __warren_os\n__warren_os.chdir({json.dumps(path)})\ndel __warren_os\n"
 
 
-def python_chdir_code(path):
-    return f"import os as __warren_os\n__warren_os.chdir({json.dumps(path)})\ndel __warren_os\n"
+class BashDialect:
+    """Bookkeeping code for a Bash kernel (a bash process behind bash_kernel)."""
+
+    @staticmethod
+    def check_env_names(names):
+        bad = [n for n in names if not SHELL_NAME.match(n)]
+        return f"env var names {bad} are not shell variable names" if bad else None
+
+    @staticmethod
+    def set_env(assign):
+        return "\n".join(f"export {k}={shlex.quote(v)}" for k, v in assign.items())
+
+    @staticmethod
+    def begin_scoped_env(assign):
+        return "\n".join(
+            f'__warren_had_{k}="${{{k}+1}}"; __warren_was_{k}="${{{k}-}}"; export {k}={shlex.quote(v)}'
+            for k, v in assign.items()
+        )
+
+    @staticmethod
+    def end_scoped_env(assign):
+        return "\n".join(
+            f'if [ -n "$__warren_had_{k}" ]; then export {k}="$__warren_was_{k}"; else unset {k}; fi; '
+            f"unset __warren_had_{k} __warren_was_{k}"
+            for k in assign
+        )
+
+    @staticmethod
+    def chdir(path):
+        return f"cd {shlex.quote(path)}"
+
+
+DIALECTS = {"python": PythonDialect, "bash": BashDialect}
 
 
 class ClientGone(Exception):
@@ -151,6 +221,7 @@ class Context:
     def __init__(self, language, cwd):
         self.id = str(uuid.uuid4())
         self.language = language
+        self.dialect = DIALECTS[language]
         self.cwd = cwd
         self.lock = threading.Lock()
         self.globals_applied = False
@@ -181,7 +252,7 @@ class Context:
         self.manager = manager
         self.client = client
         if self.cwd != DEFAULT_CWD:
-            self.run_silent(python_chdir_code(self.cwd))
+            self.run_silent(self.dialect.chdir(self.cwd))
 
     def restart(self):
         # The kernel is killed before the lock is taken: a cell that never ends (one that ignores
@@ -240,39 +311,21 @@ class Context:
                 self._start()
             if not self.globals_applied:
                 envs = sandbox_envs(access_token)
-                if envs:
-                    self.run_silent(python_env_code(envs, []))
+                usable = {k: v for k, v in envs.items() if self.dialect.check_env_names([k]) is None}
+                if usable:
+                    self.run_silent(self.dialect.set_env(usable))
                 self.globals_applied = True
-            restore = None
             if env_vars:
-                previous = self._env_snapshot(list(env_vars))
-                failure = self.run_silent(python_env_code(env_vars, []))
+                refused = self.dialect.check_env_names(list(env_vars))
+                failure = refused or self.run_silent(self.dialect.begin_scoped_env(env_vars))
                 if failure:
                     emit({"type": "error", "name": "EnvVarsError", "value": failure, "traceback": ""})
                     return
-                restore = previous
             try:
                 self._execute_cell(code, emit)
             finally:
-                if restore is not None:
-                    assign = {k: v for k, v in restore.items() if v is not None}
-                    remove = [k for k, v in restore.items() if v is None]
-                    self.run_silent(python_env_code(assign, remove))
-
-    def _env_snapshot(self, names):
-        """The kernel's current values of `names` (None where unset), read through a user expression."""
-        msg_id = self.client.execute(
-            "",
-            silent=True,
-            store_history=False,
-            user_expressions={"env": f"{{k: __import__('os').environ.get(k) for k in {names!r}}}"},
-        )
-        reply = self._shell_reply(msg_id)
-        self._drain(msg_id, lambda _m: None, deadline=time.monotonic() + 60)
-        value = reply.get("content", {}).get("user_expressions", {}).get("env", {})
-        if value.get("status") != "ok":
-            return {k: None for k in names}
-        return ast.literal_eval(value["data"]["text/plain"])
+                if env_vars:
+                    self.run_silent(self.dialect.end_scoped_env(env_vars))
 
     def _shell_reply(self, msg_id):
         deadline = time.monotonic() + 60
