@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Debian packages Warren and its tests use.
 set -euo pipefail
-pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates)
+pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates
+    # The DNS server the egress tests start in their own namespaces (no service is enabled).
+    dnsmasq-base
+    # Image-pull tests: a real registry on loopback, skopeo to push test images, a static busybox for
+    # an Alpine-like image, zstd for zstd layers (the registry's system service is never enabled).
+    docker-registry skopeo umoci busybox-static zstd)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"
+fi
+# Tests start their own registries on free loopback ports; the packaged service is not wanted.
+if [ -d /run/systemd/system ] && systemctl is-enabled docker-registry >/dev/null 2>&1; then
+    systemctl disable --now docker-registry || true
 fi

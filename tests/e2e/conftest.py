@@ -23,6 +23,39 @@ SERVER_START_WAIT_S = 120
 COMMAND_WAIT_S = 300
 
 
+# Addresses of the tests' own "internet" (a network namespace on a test-owned /29 of 198.18.0.0/15,
+# see test_egress_e2e.py): the host side, server A (also the DNS server) and server B.
+_third = 100 + os.getpid() % 100
+TEST_INTERNET = {
+    "local": f"198.18.{_third}.1",
+    "a": f"198.18.{_third}.2",
+    "b": f"198.18.{_third}.3",
+    "dns": f"198.18.{_third}.2",
+    "c": f"198.18.{_third}.4",
+}
+
+
+def make_test_pki(directory: str) -> dict:
+    """A CA of the tests' own and a certificate for api.allowed.test signed by it (openssl CLI), for
+    the HTTPS server of the tests' internet; the server's egress proxy is told to trust the CA."""
+    d = Path(directory)
+
+    def run(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"]
+    run("req", "-x509", *ec, "-keyout", str(d / "ca.key"), "-out", str(d / "ca.pem"), "-days", "2",
+        "-subj", "/CN=warren e2e upstream CA", "-addext", "basicConstraints=critical,CA:TRUE",
+        "-addext", "keyUsage=critical,keyCertSign")
+    run("req", *ec, "-keyout", str(d / "leaf.key"), "-out", str(d / "leaf.csr"),
+        "-subj", "/CN=api.allowed.test")
+    (d / "leaf.ext").write_text("subjectAltName=DNS:api.allowed.test\n")
+    run("x509", "-req", "-in", str(d / "leaf.csr"), "-CA", str(d / "ca.pem"), "-CAkey",
+        str(d / "ca.key"), "-CAcreateserial", "-out", str(d / "leaf.pem"), "-days", "2",
+        "-extfile", str(d / "leaf.ext"))
+    return {"ca": str(d / "ca.pem"), "cert": str(d / "leaf.pem"), "key": str(d / "leaf.key")}
+
+
 def _target_dir() -> Path:
     return Path(os.environ.get("CARGO_TARGET_DIR", REPO / "target"))
 
@@ -143,6 +176,8 @@ def warren():
         pytest.skip(reason)
     api_port, proxy_port = free_port(), free_port()
     state_dir = tempfile.mkdtemp(prefix="wt-e2e-state-")
+    pki_dir = tempfile.mkdtemp(prefix="wt-e2e-pki-")
+    TEST_INTERNET["pki"] = make_test_pki(pki_dir)
     log_file = tempfile.NamedTemporaryFile(prefix="wt-e2e-warren-", suffix=".log", delete=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_") and k != "WARREN_API_KEY"}
     process = subprocess.Popen(
@@ -159,6 +194,13 @@ def warren():
             str(agent_binary()),
             "--base-rootfs",
             str(base_rootfs()),
+            # The egress proxy resolves allowed host names with the DNS server of the tests' own
+            # "internet" (test_egress_e2e.py), which is made after the server starts: the server
+            # treats the networks the host is on at its start as always denied.
+            "--egress-resolver",
+            str(TEST_INTERNET["dns"]),
+            "--egress-upstream-ca",
+            TEST_INTERNET["pki"]["ca"],
         ],
         stdout=subprocess.PIPE,
         stderr=log_file,
@@ -205,6 +247,7 @@ def warren():
             process.kill()
             process.wait()
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
+        subprocess.run(["rm", "-rf", pki_dir], check=False)
         log_file.close()
         os.unlink(log_file.name)
 

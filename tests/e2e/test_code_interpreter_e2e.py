@@ -361,7 +361,20 @@ def test_js_sdk(interpreter, warren):
     print(done.stdout, f"node exited after {time.monotonic() - started:.1f}s")
 
 
-def test_a_template_built_on_it_keeps_the_kernel_stack(interpreter):
+def _wait_ready(warren, template_id):
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            f"{warren.api_url}/templates/{template_id}", headers={"X-API-Key": warren.env["E2B_API_KEY"]}
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            if json.loads(response.read())["builds"][0]["status"] == "ready":
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"template {template_id} is not ready 60 s after its build finished")
+
+
+def test_a_template_built_on_it_keeps_the_kernel_stack(interpreter, warren):
     from e2b import Template
 
     built = Template.build(
@@ -371,6 +384,9 @@ def test_a_template_built_on_it_keeps_the_kernel_stack(interpreter):
         .set_start_cmd("python3 /opt/warren/interpreter/server.py", "curl -sf http://127.0.0.1:49999/health"),
         alias="wt-e2e-derived-interpreter",
     )
+    # The build's status can read `ready` a moment before the template's record does (the build thread
+    # records the version after the job ends), which a create in between sees as 409 "not ready".
+    _wait_ready(warren, built.template_id)
     sbx = interpreter.create(template=built.template_id, timeout=120)
     try:
         assert sbx.run_code("open('/home/user/marker.txt').read().strip()").text == "derived"

@@ -11,6 +11,7 @@ mod paths;
 mod process;
 mod reaper;
 mod state;
+mod trust_store;
 mod users;
 
 use std::net::SocketAddr;

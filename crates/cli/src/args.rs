@@ -117,6 +117,23 @@ pub struct UpArgs {
     /// inside keeps the reduced capability set and seccomp filter either way.
     #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
     pub no_new_privs: bool,
+    /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
+    /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
+    /// sandbox, decides where an allowed name's connection goes (docs/network.md).
+    #[arg(
+        long = "egress-resolver",
+        env = "WARREN_EGRESS_RESOLVER",
+        value_delimiter = ','
+    )]
+    pub egress_resolvers: Vec<String>,
+    /// CA certificate (PEM file; repeat for more) the egress proxy trusts, besides the host's trust
+    /// store, when it connects to hosts whose requests get header rules (`network.rules`).
+    #[arg(
+        long = "egress-upstream-ca",
+        env = "WARREN_EGRESS_UPSTREAM_CA",
+        value_delimiter = ','
+    )]
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 /// Where Warren keeps its database and sandboxes.

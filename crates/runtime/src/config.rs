@@ -34,6 +34,15 @@ pub struct LinuxRuntimeConfig {
     /// Raise `kernel.pid_max` and the inotify per-uid limits when the runtime starts (see
     /// [`crate::host_capacity::raise_kernel_limits`]). Host-wide, left raised when Warren stops.
     pub raise_kernel_limits: bool,
+    /// Port of the egress proxy on `gateway` (host-name rules, docs/network.md); only connections
+    /// nftables redirected there reach it.
+    pub egress_proxy_port: u16,
+    /// DNS servers the egress proxy resolves allowed host names with; empty: the host's
+    /// `/etc/resolv.conf`.
+    pub egress_resolvers: Vec<std::net::SocketAddr>,
+    /// CA certificates (PEM files) the egress proxy trusts, besides the host's trust store, when it
+    /// connects to a host whose requests get header rules.
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -49,6 +58,9 @@ impl Default for LinuxRuntimeConfig {
             agent_timeout: std::time::Duration::from_secs(15),
             expedite_rcu: true,
             raise_kernel_limits: true,
+            egress_proxy_port: 49090,
+            egress_resolvers: Vec::new(),
+            egress_upstream_ca: Vec::new(),
         }
     }
 }

@@ -211,6 +211,12 @@ pub trait Runtime: Send + Sync {
     /// Replace the internet access and egress rules of a running sandbox, at once and atomically
     /// (`update_network`).
     fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError>;
+    /// The CA certificate (PEM) a sandbox must trust for the header rules of its egress to work
+    /// over HTTPS (the egress proxy signs the hosts' certificates with it); None where the runtime
+    /// has no such proxy.
+    fn egress_trust_anchor(&self) -> Option<String> {
+        None
+    }
     /// Sandboxes that exist on this host, whether or not a server remembers them.
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// Dump the process tree and the runtime layer into `dest`. With `leave_running` the sandbox keeps

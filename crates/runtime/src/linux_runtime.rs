@@ -1,7 +1,7 @@
 //! [`LinuxRuntime`]: the [`Runtime`] on Linux namespaces, cgroups, overlayfs and seccomp.
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -11,6 +11,7 @@ use crate::checkpoint::{self, CheckpointError, Checkpointer, DumpTarget, Freezer
 use crate::config::{self, ConfigError, LinuxRuntimeConfig};
 use crate::confined::ConfinedDir;
 use crate::network::addresses::AddressPool;
+use crate::network::egress_proxy::{EgressProxy, EgressProxyConfig};
 use crate::network::netlink::{self, Netlink};
 use crate::network::{self, firewall, NetworkPlan};
 use crate::process_table::{self, CPU_SAMPLE_WINDOW};
@@ -41,6 +42,8 @@ pub struct LinuxRuntime {
     /// Last CPU sample per sandbox (cgroup usage) and per process, for CPU % between calls.
     cpu_samples: Mutex<HashMap<String, (Instant, u64)>>,
     process_samples: Mutex<HashMap<String, ProcessSample>>,
+    /// Enforces the sandboxes' host-name rules.
+    egress_proxy: EgressProxy,
 }
 
 fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
@@ -87,8 +90,21 @@ impl LinuxRuntime {
             source,
         })?;
         config::restrict_state_dir(&config.state_dir)?;
-        firewall::ensure_ruleset(&config.bridge, config.gateway, config.subnet_prefix)
-            .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        firewall::ensure_ruleset(
+            &config.bridge,
+            config.gateway,
+            config.subnet_prefix,
+            config.egress_proxy_port,
+        )
+        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        let egress_proxy = EgressProxy::start(EgressProxyConfig {
+            listen: SocketAddrV4::new(config.gateway, config.egress_proxy_port),
+            resolvers: config.egress_resolvers.clone(),
+            denied: firewall::always_denied(&config.bridge),
+            ca_dir: config.state_dir.join("egress-ca"),
+            upstream_ca: config.egress_upstream_ca.clone(),
+        })
+        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
         let addresses = AddressPool::new(
             &config.state_dir,
             &config.bridge,
@@ -107,6 +123,7 @@ impl LinuxRuntime {
             checkpointer,
             cpu_samples: Mutex::new(HashMap::new()),
             process_samples: Mutex::new(HashMap::new()),
+            egress_proxy,
         })
     }
 
@@ -255,7 +272,9 @@ impl LinuxRuntime {
         };
         // nft runs while the supervisor builds the sandbox; it is waited for before create returns
         // (and before a restored sandbox's link comes up).
-        let admitted = firewall::admit(&network_plan, &spec.network).map_err(other)?;
+        let admitted = firewall::admit(&network_plan, &spec.network, self.egress_proxy.listen())
+            .map_err(other)?;
+        self.egress_proxy.set_rules(ip, &spec.network.egress);
         let overlay_options =
             sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
                 .map_err(other)?;
@@ -399,6 +418,7 @@ impl LinuxRuntime {
                 ip: *ip,
             };
             withdrawn.push(firewall::withdraw(&plan).map_err(other)?);
+            self.egress_proxy.remove(*ip);
             delete_host_link(&plan.host_veth())?;
         }
         namespaces::remove_pinned_netns(&dir.join("netns")).map_err(other)?;
@@ -720,9 +740,21 @@ impl Runtime for LinuxRuntime {
             .map_err(|e| RuntimeError::Other(format!("kill process {pid} in sandbox {id}: {e}")))
     }
 
+    fn egress_trust_anchor(&self) -> Option<String> {
+        Some(self.egress_proxy.ca_pem().to_string())
+    }
+
     fn set_network(&self, id: &str, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {
         let record = self.live_record(id)?;
-        firewall::set_network(record.ip, network).map_err(other)
+        // The proxy gets the new names first when names are added (nft then starts redirecting to
+        // it) and last when they go: at no point is a redirected connection judged by stale rules
+        // that allow more than either the old or the new ones.
+        if !network.egress.allow_hosts.is_empty() || !network.egress.header_rules.is_empty() {
+            self.egress_proxy.set_rules(record.ip, &network.egress);
+        }
+        firewall::set_network(record.ip, network, self.egress_proxy.listen()).map_err(other)?;
+        self.egress_proxy.set_rules(record.ip, &network.egress);
+        Ok(())
     }
 
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {

@@ -698,12 +698,12 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
         );
         assert!(ok, "{out}");
         let gateway = Ipv4Addr::new(10, 77, 0, 1);
-        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16)
+        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
             .expect("replace the ruleset");
         let first = host_command("nft", &["list", "ruleset"]).1;
         // Current already: left alone (an element added now survives a second call).
         load("add element bridge warren ports { \"wv-9-7\" . 02:77:0a:4d:09:07 . 10.77.9.7 }\n");
-        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16)
+        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
             .expect("keep the ruleset");
         let second = host_command("nft", &["list", "ruleset"]).1;
         (first, second)
@@ -753,7 +753,11 @@ fn egress_rules_by_address_apply_at_once_and_allow_wins() {
         let network = warren_runtime::NetworkSpec {
             allow_internet: internet,
             raw_sockets: false,
-            egress: EgressRules { allow, deny },
+            egress: EgressRules {
+                allow,
+                deny,
+                ..EgressRules::default()
+            },
         };
         sandboxes
             .runtime

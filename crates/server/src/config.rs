@@ -43,6 +43,12 @@ pub struct ServerConfig {
     pub expedite_rcu: bool,
     /// Set `no_new_privs` in every sandbox (`warren_runtime::LinuxRuntimeConfig::no_new_privs`).
     pub no_new_privs: bool,
+    /// DNS servers the egress proxy resolves allowed host names with (empty: the host's
+    /// `/etc/resolv.conf`; `warren_runtime::LinuxRuntimeConfig::egress_resolvers`).
+    pub egress_resolvers: Vec<SocketAddr>,
+    /// CA certificates (PEM files) the egress proxy trusts besides the host's trust store
+    /// (`warren_runtime::LinuxRuntimeConfig::egress_upstream_ca`).
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -128,6 +134,8 @@ impl ServerConfig {
             snapshot_retention: SnapshotRetention::default(),
             expedite_rcu: true,
             no_new_privs: false,
+            egress_resolvers: Vec::new(),
+            egress_upstream_ca: Vec::new(),
         }
     }
 

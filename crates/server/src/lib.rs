@@ -41,6 +41,8 @@ pub enum ServeError {
     },
     #[error("reconciliation failed")]
     Reconcile(#[source] lifecycle::LifecycleError),
+    #[error("cannot fail the template builds an earlier run left unfinished")]
+    Builds(#[source] store::StoreError),
     #[error("cannot start the sandbox runtime")]
     Runtime(#[source] warren_runtime::ConfigError),
     #[error("cannot create state directory {path}")]
@@ -120,6 +122,21 @@ impl Server {
         let proxy_addr = proxy_listener.local_addr().map_err(ServeError::Http)?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
+        // Builds of an earlier run that never finished cannot resume: fail them with a reason.
+        let failed = lifecycle
+            .store()
+            .fail_unfinished_builds(
+                "the server stopped before this build finished",
+                lifecycle::now_millis(),
+            )
+            .await
+            .map_err(ServeError::Builds)?;
+        if failed > 0 {
+            tracing::warn!(
+                failed,
+                "failed template builds an earlier run left unfinished"
+            );
+        }
         let build_service = Arc::new(templates::build::service::BuildService::new(
             Arc::clone(&runtime),
             Arc::new(templates::build::agent_commands::EnvdCommands::new()),

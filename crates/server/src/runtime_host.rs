@@ -13,6 +13,8 @@ pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigEr
         state_dir: config.state_dir.clone(),
         expedite_rcu: config.expedite_rcu,
         no_new_privs: config.no_new_privs,
+        egress_resolvers: config.egress_resolvers.clone(),
+        egress_upstream_ca: config.egress_upstream_ca.clone(),
         ..LinuxRuntimeConfig::default()
     };
     if let Some(agent) = &config.agent_binary {

@@ -146,12 +146,16 @@ async fn bad_requests_get_the_right_status() {
     // MCP, IAM and fields it does not know.
     for (body, named) in [
         (
-            json!({"templateID": "base", "network": {"dnsServers": ["198.51.100.53"], "rules": {"x": []}}}),
-            "network.dnsServers, network.rules",
+            json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test:1080"}, "maskRequestHost": "${PORT}-x.test"}}),
+            "network.egressProxy, network.maskRequestHost",
         ),
         (
-            json!({"templateID": "base", "network": {"allowOut": ["api.example.com"]}}),
-            "network.allowOut: \"api.example.com\" is not an IPv4 address or CIDR (host names",
+            json!({"templateID": "base", "network": {"allowOut": ["api example.com"]}}),
+            "network.allowOut: \"api example.com\" is not an IPv4 address, CIDR, host name",
+        ),
+        (
+            json!({"templateID": "base", "network": {"denyOut": ["api.example.com"]}}),
+            "host names can only be allowed",
         ),
         (
             json!({"templateID": "base", "network": {"denyOut": ["198.51.100.7/24"]}}),
@@ -222,10 +226,12 @@ async fn bad_requests_get_the_right_status() {
         .api(
             Method::PUT,
             &format!("/sandboxes/{id}/network"),
-            Some(json!({"allowOut": ["api.example.com"]})),
+            Some(
+                json!({"allowOut": ["api.example.com"], "egressProxy": {"address": "p.test:1080"}}),
+            ),
         )
         .await;
-    assert_error(&unsupported, StatusCode::BAD_REQUEST, "host names");
+    assert_error(&unsupported, StatusCode::BAD_REQUEST, "network.egressProxy");
     assert_eq!(
         h.runtime
             .egress

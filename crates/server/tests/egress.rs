@@ -1,4 +1,4 @@
-//! Egress rules by address through the REST API on the fake runtime: what the runtime is told at
+//! Egress rules (addresses and host names) through the REST API on the fake runtime: what the runtime is told at
 //! create and on update, E2B's semantics (allow wins; no internet access = deny everything), and the
 //! refusals.
 
@@ -86,14 +86,150 @@ async fn address_rules_reach_the_runtime_with_e2b_semantics() {
     let given = h.runtime.egress.lock().unwrap()[offline_id].clone();
     assert!(given.allow_internet);
     assert_eq!(strings(&given.egress.deny), ["0.0.0.0/0"]);
-    let unsupported = h
+    // Host names (and wildcards) go to the runtime as patterns; the DNS servers given become allowed
+    // addresses because a name is allowed.
+    let names = h
         .api(
             Method::PUT,
             &format!("/sandboxes/{offline_id}/network"),
-            Some(json!({"allowOut": ["*.example.com"]})),
+            Some(json!({
+                "allowOut": ["API.example.com", "*.pkg.example.org", "198.51.100.0/24"],
+                "dnsServers": ["203.0.113.53"]
+            })),
         )
         .await;
-    assert_error(&unsupported, StatusCode::BAD_REQUEST, "host names");
+    assert_eq!(names.status, StatusCode::NO_CONTENT, "{:?}", names.json());
+    let given = h.runtime.egress.lock().unwrap()[offline_id].clone();
+    let hosts: Vec<String> = given
+        .egress
+        .allow_hosts
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(hosts, ["api.example.com", "*.pkg.example.org"]);
+    assert_eq!(
+        strings(&given.egress.allow),
+        ["198.51.100.0/24", "203.0.113.53/32"]
+    );
+    assert_eq!(strings(&given.egress.deny), ["0.0.0.0/0"]);
+    // GET shows the rules as they are enforced (and they are in the store: a fresh read).
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{offline_id}"), None)
+        .await
+        .json();
+    assert_eq!(
+        detail["network"]["allowOut"],
+        json!([
+            "198.51.100.0/24",
+            "203.0.113.53/32",
+            "api.example.com",
+            "*.pkg.example.org"
+        ])
+    );
+    assert_eq!(detail["network"]["allowPublicTraffic"], json!(true));
+    // Refused, naming the problem, and nothing changes: a denied name, a bad entry, a bad server.
+    for (body, needle) in [
+        (
+            json!({"denyOut": ["api.example.com"]}),
+            "host names can only be allowed",
+        ),
+        (json!({"allowOut": ["exa mple.com"]}), "network.allowOut"),
+        (
+            json!({"allowOut": ["a.test"], "dnsServers": ["dns.test"]}),
+            "network.dnsServers",
+        ),
+        (
+            json!({"egressProxy": {"address": "proxy.test:1080"}}),
+            "network.egressProxy",
+        ),
+    ] {
+        let refused = h
+            .api(
+                Method::PUT,
+                &format!("/sandboxes/{offline_id}/network"),
+                Some(body),
+            )
+            .await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, needle);
+    }
+    let unchanged = h.runtime.egress.lock().unwrap()[offline_id].clone();
+    assert_eq!(unchanged, given);
+
+    // Header rules reach the runtime with their values; GET names the headers, never the values.
+    let secret = "Bearer never-shown";
+    let with_rules = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{offline_id}/network"),
+            Some(json!({
+                "allowOut": ["api.example.com"],
+                "rules": {"api.example.com": [
+                    {"transform": {"headers": {"Authorization": "Bearer first"}}},
+                    {"transform": {"headers": {"authorization": secret, "X-Team": "blue"}}}
+                ]}
+            })),
+        )
+        .await;
+    assert_eq!(
+        with_rules.status,
+        StatusCode::NO_CONTENT,
+        "{:?}",
+        with_rules.json()
+    );
+    let given = h.runtime.egress.lock().unwrap()[offline_id].clone();
+    assert_eq!(given.egress.header_rules.len(), 1);
+    // The later rule's header wins over an earlier one of the same name (names are not
+    // case-sensitive); the order of different headers does not matter.
+    let mut headers = given.egress.header_rules[0].headers.clone();
+    headers.sort();
+    assert_eq!(
+        headers,
+        [
+            ("X-Team".to_string(), "blue".to_string()),
+            ("authorization".to_string(), secret.to_string()),
+        ]
+    );
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{offline_id}"), None)
+        .await;
+    let text = String::from_utf8_lossy(&detail.body).into_owned();
+    assert!(
+        !text.contains("never-shown"),
+        "GET shows the secret: {text}"
+    );
+    assert_eq!(
+        detail.json()["network"]["rules"]["api.example.com"][0]["transform"]["headers"]
+            ["authorization"],
+        json!("[redacted]")
+    );
+    for (rules, needle) in [
+        (
+            json!(["api.example.com"]),
+            "network.rules must be an object",
+        ),
+        (json!({"*": []}), "network.rules"),
+        (
+            json!({"a.test": [{"transform": {"body": "x"}}]}),
+            "only headers",
+        ),
+        (
+            json!({"a.test": [{"transform": {"headers": {"X": "a\nb"}}}]}),
+            "not valid",
+        ),
+        (
+            json!({"a.test": [{"transform": {"headers": {"bad header": "v"}}}]}),
+            "valid header name",
+        ),
+    ] {
+        let refused = h
+            .api(
+                Method::PUT,
+                &format!("/sandboxes/{offline_id}/network"),
+                Some(json!({"rules": rules})),
+            )
+            .await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, needle);
+    }
 
     // An update of the first sandbox keeps E2B's meaning: its deny-everything stays.
     let update = h

@@ -358,3 +358,41 @@ async fn the_openapi_document_describes_the_build_endpoints() {
     assert!(paths["/templates/{templateID}/builds/{buildID}/status"]["get"].is_object());
     h.server.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_restart_fails_builds_left_unfinished_with_a_reason() {
+    let state = tempfile::tempdir().unwrap();
+    let dir = state.path().to_path_buf();
+    let first = Harness::start(false, |c| c.state_dir = dir.clone()).await;
+    let requested = request_build(&first, "restart-me").await;
+    let (template_id, build_id) = (
+        requested["templateID"].as_str().unwrap().to_string(),
+        requested["buildID"].as_str().unwrap().to_string(),
+    );
+    let path = format!("/templates/{template_id}/builds/{build_id}/status");
+    assert_eq!(
+        first.api(Method::GET, &path, None).await.json()["status"],
+        json!("waiting")
+    );
+    drop(first);
+
+    // A new server on the same state: the build it can never run is failed, not left waiting.
+    let second = Harness::start(false, |c| c.state_dir = dir.clone()).await;
+    let status = second.api(Method::GET, &path, None).await;
+    assert_eq!(status.status, StatusCode::OK);
+    let body = status.json();
+    assert_eq!(body["status"], json!("error"), "{body}");
+    let reason = body["reason"]["message"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("stopped before this build finished"),
+        "{body}"
+    );
+    let listed = second.api(Method::GET, "/templates", None).await.json();
+    let entry = listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["templateID"] == json!(template_id))
+        .expect("the template is still listed");
+    assert_eq!(entry["buildStatus"], json!("error"));
+}

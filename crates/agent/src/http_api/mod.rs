@@ -93,6 +93,9 @@ struct InitBody {
     timestamp: Option<pbjson_types::Timestamp>,
     default_user: Option<String>,
     default_workdir: Option<String>,
+    /// Warren's own: a CA certificate (PEM) to add to the trust store (see `trust_store`).
+    #[serde(rename = "warrenTrustedCA")]
+    warren_trusted_ca: Option<String>,
 }
 
 /// `POST /init`: env vars, access token, default user and workdir. The first init may set a
@@ -111,6 +114,7 @@ async fn init(
             timestamp: None,
             default_user: None,
             default_workdir: None,
+            warren_trusted_ca: None,
         }
     } else {
         match serde_json::from_slice(&body) {
@@ -142,10 +146,25 @@ async fn init(
         }
         *last = nanos;
     }
+    let trust_vars = match parsed.warren_trusted_ca.as_deref() {
+        Some(pem) => match crate::trust_store::install(&agent.root, pem) {
+            Ok(vars) => vars,
+            Err(e) => {
+                return json_error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("cannot add the trusted CA: {e}"),
+                )
+            }
+        },
+        None => BTreeMap::new(),
+    };
     {
         let mut defaults = agent.defaults.write().unwrap_or_else(|p| p.into_inner());
         if let Some(vars) = parsed.env_vars {
             defaults.env_vars = vars;
+        }
+        for (name, value) in trust_vars {
+            defaults.env_vars.entry(name).or_insert(value);
         }
         if let Some(user) = parsed.default_user.filter(|u| !u.is_empty()) {
             defaults.user = user;

@@ -29,7 +29,12 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
     let api_listen = parse_listen("--listen", &args.listen)?;
     let proxy_listen = parse_listen("--proxy-listen", &args.proxy_listen)?;
     let state_dir = state_dir::resolve(&args.state);
-    let config = server_config(state_dir.clone(), api_listen, proxy_listen, &args);
+    let mut config = server_config(state_dir.clone(), api_listen, proxy_listen, &args);
+    config.egress_resolvers = args
+        .egress_resolvers
+        .iter()
+        .map(|raw| parse_resolver(raw))
+        .collect::<Result<_, _>>()?;
 
     let first_key = ensure_first_key(&state_dir)
         .await
@@ -81,7 +86,17 @@ fn server_config(
     }
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
+    config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config
+}
+
+/// `IP` (port 53) or `IP:PORT` of `--egress-resolver`.
+fn parse_resolver(raw: &str) -> Result<SocketAddr, CommandError> {
+    let raw = raw.trim();
+    if let Ok(ip) = raw.parse::<std::net::IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    parse_listen("--egress-resolver", raw)
 }
 
 fn parse_listen(flag: &str, raw: &str) -> Result<SocketAddr, CommandError> {
@@ -178,6 +193,15 @@ mod tests {
     #[test]
     fn listen_addresses_must_be_ip_and_port() {
         assert!(parse_listen("--listen", "127.0.0.1:0").is_ok());
+        assert_eq!(
+            parse_resolver("198.18.0.53").unwrap(),
+            "198.18.0.53:53".parse().unwrap()
+        );
+        assert_eq!(
+            parse_resolver("198.18.0.53:5353").unwrap(),
+            "198.18.0.53:5353".parse().unwrap()
+        );
+        assert!(parse_resolver("dns.test").is_err());
         let err = parse_listen("--listen", "localhost").expect_err("not an IP");
         assert_eq!(err.exit_code(), exit_code::USAGE);
     }

@@ -110,15 +110,12 @@ impl SandboxNetworkUpdate {
 }
 
 impl SandboxNetwork {
-    /// The JSON names of the fields that ask for what this server does not enforce yet (host-name
-    /// rules, DNS servers, the egress proxy, transforms), in the order the schema lists them.
-    /// `allowPublicTraffic` and address rules in `allowOut` / `denyOut` are supported.
+    /// The JSON names of the fields that ask for what this server does not enforce yet (the SOCKS5
+    /// egress proxy, a host mask, HTTPS ports), in the order the schema lists them.
+    /// `allowPublicTraffic`, `allowOut` / `denyOut` (addresses and host names), `dnsServers` and
+    /// `rules` (header transforms) are supported.
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        let set = |list: &Option<Vec<String>>| list.as_ref().is_some_and(|l| !l.is_empty());
-        if set(&self.dns_servers) {
-            out.push("network.dnsServers");
-        }
         if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
             out.push("network.egressProxy");
         }
@@ -127,9 +124,6 @@ impl SandboxNetwork {
         }
         if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
             out.push("network.httpsPorts");
-        }
-        if self.rules.as_ref().is_some_and(|v| !v.is_null()) {
-            out.push("network.rules");
         }
         out
     }
@@ -241,6 +235,9 @@ pub struct SandboxDetail {
     pub lifecycle: Option<SandboxLifecycle>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_mode: Option<PauseMode>,
+    /// The sandbox's egress rules and public-traffic setting, as they are enforced now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<SandboxNetwork>,
 }
 
 /// One item of `GET /sandboxes` and `GET /v2/sandboxes`.
@@ -351,4 +348,12 @@ pub struct EnvdInit {
     /// Host clock, so the sandbox can fix its own after a restore.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<DateTime<Utc>>,
+    /// Warren's own: a CA certificate (PEM) the agent adds to the sandbox's trust store (the host's
+    /// egress CA, for header rules over HTTPS).
+    #[serde(
+        default,
+        rename = "warrenTrustedCA",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub warren_trusted_ca: Option<String>,
 }

@@ -187,3 +187,37 @@ pub struct TemplateBuildInfo {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<BuildStatusReason>,
 }
+
+/// `POST /templates/tags`: point `tags` at the build that `target` (`name:tag`, or `name` for the
+/// current build) names.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssignTemplateTagsRequest {
+    pub target: String,
+    pub tags: Vec<String>,
+}
+
+/// Answer to `POST /templates/tags` (201).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssignedTemplateTags {
+    pub tags: Vec<String>,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+}
+
+/// `DELETE /templates/tags` body.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DeleteTemplateTagsRequest {
+    pub name: String,
+    pub tags: Vec<String>,
+}
+
+/// One entry of `GET /templates/{templateID}/tags`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateTag {
+    pub tag: String,
+    #[serde(rename = "buildID")]
+    pub build_id: String,
+    /// RFC 3339.
+    #[serde(rename = "createdAt")]
+    pub created_at: String,
+}

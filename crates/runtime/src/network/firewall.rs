@@ -11,7 +11,11 @@
 //! - traffic leaving the bridge is forwarded and masqueraded only for addresses in set `internet`
 //!   (sandboxes created with `allow_internet`; the port binding makes the source address trustworthy);
 //! - chain `egress` is jumped to for every forwarded sandbox packet before it is accepted: the hook where
-//!   per-sandbox egress allow/deny rules go.
+//!   per-sandbox egress allow/deny rules go (map `egress_rules`, a chain `eg-X-Y` per sandbox);
+//! - chain `prerouting` (nat) sends a sandbox with host-name rules through its chain `en-X-Y` (map
+//!   `egress_names`), which redirects its TCP connections to ports 80 and 443 that its address rules
+//!   would deny to the egress proxy on the gateway ([`super::egress_proxy`]); only such redirected
+//!   connections may reach the proxy's port.
 //!
 //! Rules are loaded with `nft -f -` (nftables has no stable netlink crate). The tables are installed
 //! once per host and carry a version ([`RULESET_VERSION`]); per sandbox there is one nft run at create
@@ -21,8 +25,8 @@ use std::io::Write;
 
 use sha2::Digest;
 
-use super::egress::EgressRules;
-use std::net::Ipv4Addr;
+use super::egress::{Cidr, EgressRules};
+use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 
 use super::NetworkPlan;
@@ -107,13 +111,13 @@ impl Drop for PendingNft {
 /// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
 /// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
 /// whenever the ruleset changes.
-pub const RULESET_VERSION: u32 = 4;
+pub const RULESET_VERSION: u32 = 5;
 
 /// The tables' comment: the version and a digest of what the ruleset took from the host
 /// ([`HostNetworks`]), so a host whose resolvers or networks changed gets its tables rebuilt at the
 /// next start.
-fn version_marker(host: &HostNetworks) -> String {
-    let digest = sha2::Sha256::digest(format!("{host:?}").as_bytes());
+fn version_marker(host: &HostNetworks, proxy_port: u16) -> String {
+    let digest = sha2::Sha256::digest(format!("{host:?} {proxy_port}").as_bytes());
     format!(
         "comment \"warren ruleset {RULESET_VERSION} {}\"",
         hex::encode(&digest[..6])
@@ -192,6 +196,21 @@ impl HostNetworks {
     }
 }
 
+/// The always-denied networks as [`Cidr`]s (the fixed ranges and the host's connected networks other
+/// than `bridge`), for the egress proxy, which connects from the host and so is not filtered by the
+/// forward chain.
+pub fn always_denied(bridge: &str) -> Vec<Cidr> {
+    let host = HostNetworks::probe(bridge);
+    ALWAYS_DENIED
+        .iter()
+        .filter_map(|range| range.parse().ok())
+        .chain(host.connected.iter().map(|(network, prefix)| Cidr {
+            network: *network,
+            prefix: *prefix,
+        }))
+        .collect()
+}
+
 /// `nft list table <family> warren`, or None when there is no such table.
 fn list_table(family: &str) -> Option<String> {
     let output = Command::new("nft")
@@ -205,9 +224,10 @@ fn list_table(family: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// The host-wide ruleset for `bridge` and `subnet`. docs/network.md explains every rule.
-pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks) -> String {
-    let marker = version_marker(host);
+/// The host-wide ruleset for `bridge` and `subnet`, with the egress proxy on `proxy_port` of the
+/// gateway. docs/network.md explains every rule.
+pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy_port: u16) -> String {
+    let marker = version_marker(host, proxy_port);
     let mut denied: Vec<String> = ALWAYS_DENIED.iter().map(|s| s.to_string()).collect();
     denied.extend(host.connected.iter().map(|(ip, p)| format!("{ip}/{p}")));
     let denied = denied.join(", ");
@@ -228,8 +248,13 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks) -> String {
     set always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {denied} }}; }}
     set resolvers {{ type ipv4_addr . inet_proto . inet_service;{resolvers} }}
     map egress_rules {{ type ipv4_addr : verdict; }}
+    map egress_names {{ type ipv4_addr : verdict; }}
     chain egress {{
         ip saddr vmap @egress_rules
+    }}
+    chain prerouting {{
+        type nat hook prerouting priority dstnat; policy accept;
+        iifname "{bridge}" ip saddr vmap @egress_names
     }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
@@ -246,6 +271,7 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks) -> String {
     chain input {{
         type filter hook input priority filter; policy accept;
         iifname "{bridge}" ct state established,related accept
+        iifname "{bridge}" ct status dnat tcp dport {proxy_port} accept
         iifname "{bridge}" drop
     }}
     chain postrouting {{
@@ -300,7 +326,12 @@ pub fn port_element(plan: &NetworkPlan) -> String {
 /// what live sandboxes hold: the `internet` elements, and a port binding for every sandbox veth on
 /// the host (its address follows from its name and `network`, see [`enrolled_ports`]), so that
 /// upgrading Warren does not cut off the sandboxes it adopts.
-pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(), FirewallError> {
+pub fn ensure_ruleset(
+    bridge: &str,
+    gateway: Ipv4Addr,
+    prefix: u8,
+    proxy_port: u16,
+) -> Result<(), FirewallError> {
     let network = super::network_address(gateway, prefix);
     // Two runtimes starting at once must not both replace: the second would drop what the first's
     // sandboxes added in between. The lock is host-wide, like the tables.
@@ -308,7 +339,7 @@ pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(),
     let ip_table = list_table("ip");
     let bridge_table = list_table("bridge");
     let host = HostNetworks::probe(bridge);
-    let marker = version_marker(&host);
+    let marker = version_marker(&host, proxy_port);
     let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
     if current(&ip_table) && current(&bridge_table) {
         return Ok(());
@@ -316,7 +347,12 @@ pub fn ensure_ruleset(bridge: &str, gateway: Ipv4Addr, prefix: u8) -> Result<(),
     let mut script = format!(
         "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
     );
-    script.push_str(&ruleset(bridge, &format!("{network}/{prefix}"), &host));
+    script.push_str(&ruleset(
+        bridge,
+        &format!("{network}/{prefix}"),
+        &host,
+        proxy_port,
+    ));
     let granted = ip_table.as_deref().map(listed_internet).unwrap_or_default();
     if !granted.is_empty() {
         let list: Vec<String> = granted.iter().map(Ipv4Addr::to_string).collect();
@@ -441,13 +477,18 @@ fn enrolled_ports(
 /// an earlier holder of the address that was never torn down (a crash, a hand-removed state dir)
 /// must not grant it. Adding then deleting in one nft transaction succeeds whether or not the
 /// element was there.
-pub fn admit(plan: &NetworkPlan, spec: &NetworkSpec) -> Result<PendingNft, FirewallError> {
+pub fn admit(
+    plan: &NetworkPlan,
+    spec: &NetworkSpec,
+    proxy: SocketAddrV4,
+) -> Result<PendingNft, FirewallError> {
     let ip = plan.ip;
     let mut script = format!(
         "add element bridge {TABLE} ports {{ {} }}\n",
         port_element(plan)
     );
     script.push_str(&egress_script(ip, &spec.egress));
+    script.push_str(&egress_names_script(ip, &spec.egress, proxy));
     script.push_str(&internet_script(ip, spec.allow_internet)?);
     PendingNft::start("admit the sandbox's port", &script)
 }
@@ -463,14 +504,24 @@ pub fn withdraw(plan: &NetworkPlan) -> Result<PendingNft, FirewallError> {
          add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
     );
     script.push_str(&egress_script(ip, &EgressRules::default()));
+    script.push_str(&egress_names_script(
+        ip,
+        &EgressRules::default(),
+        SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
+    ));
     PendingNft::start("withdraw the sandbox's port", &script)
 }
 
 /// Replaces the internet access and egress rules of the sandbox at `ip` in one nft transaction (a
 /// running sandbox's `update_network`): the old rules hold until the new ones do.
-pub fn set_network(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<(), FirewallError> {
+pub fn set_network(
+    ip: Ipv4Addr,
+    spec: &NetworkSpec,
+    proxy: SocketAddrV4,
+) -> Result<(), FirewallError> {
     let mut script = internet_script(ip, spec.allow_internet)?;
     script.push_str(&egress_script(ip, &spec.egress));
+    script.push_str(&egress_names_script(ip, &spec.egress, proxy));
     nft("replace the sandbox's egress rules", &script)
 }
 
@@ -515,6 +566,49 @@ fn egress_script(ip: Ipv4Addr, rules: &EgressRules) -> String {
     script
 }
 
+/// The sandbox's nat chain `en-X-Y`, entered from chain `prerouting` through map `egress_names`:
+/// connections to allowed networks pass untouched (`return`), and TCP connections to ports 80 and 443
+/// of a denied network go to the egress proxy at `proxy`, which lets through only the allowed host
+/// names. Without host names, or without anything denied (then every name is allowed anyway), the
+/// chain and its map element are removed.
+pub(crate) fn egress_names_script(
+    ip: Ipv4Addr,
+    rules: &EgressRules,
+    proxy: SocketAddrV4,
+) -> String {
+    let chain = super::veth_name("en", ip);
+    let element = format!("{{ {ip} : jump {chain} }}");
+    let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
+    if !rules.header_rules.is_empty() {
+        // Requests to hosts with header rules must reach the proxy wherever the guest sends them
+        // (it cannot know their addresses); the proxy applies the address rules itself.
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} tcp dport {{ 80, 443 }} dnat to {proxy}\n\
+             add element ip {TABLE} egress_names {element}\n"
+        ));
+        return script;
+    }
+    if rules.allow_hosts.is_empty() || rules.deny.is_empty() {
+        script.push_str(&format!(
+            "add element ip {TABLE} egress_names {element}\ndelete element ip {TABLE} egress_names {element}\n\
+             delete chain ip {TABLE} {chain}\n"
+        ));
+        return script;
+    }
+    for cidr in &rules.allow {
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} ip daddr {cidr} return\n"
+        ));
+    }
+    for cidr in &rules.deny {
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} ip daddr {cidr} tcp dport {{ 80, 443 }} dnat to {proxy}\n"
+        ));
+    }
+    script.push_str(&format!("add element ip {TABLE} egress_names {element}\n"));
+    script
+}
+
 /// Whether `ip` is currently allowed out.
 pub fn internet_allowed(ip: Ipv4Addr) -> bool {
     let Ok(output) = Command::new("nft")
@@ -547,12 +641,16 @@ mod tests {
             resolvers: vec![Ipv4Addr::new(10, 255, 255, 53)],
             connected: vec![(Ipv4Addr::new(192, 0, 2, 0), 24)],
         };
-        let rules = ruleset("warren0", "10.77.0.0/16", &host);
-        assert_eq!(rules.matches(&version_marker(&host)).count(), 2);
+        let rules = ruleset("warren0", "10.77.0.0/16", &host, 49090);
+        assert_eq!(rules.matches(&version_marker(&host, 49090)).count(), 2);
         assert_ne!(
-            version_marker(&host),
-            version_marker(&HostNetworks::default())
+            version_marker(&host, 49090),
+            version_marker(&HostNetworks::default(), 49090)
         );
+        assert_ne!(version_marker(&host, 49090), version_marker(&host, 49091));
+        // Only connections nftables redirected reach the proxy.
+        assert!(rules.contains("ct status dnat tcp dport 49090 accept"));
+        assert!(rules.contains("ip saddr vmap @egress_names"));
         // Link-local (metadata), private ranges and the host's own network are dropped for every
         // sandbox, before the internet accept; the host's resolver stays reachable on port 53 only.
         let deny = rules
@@ -579,6 +677,63 @@ mod tests {
         assert!(rules.contains("masquerade"));
         assert!(rules.contains("iifname . ether saddr . ip saddr @ports accept"));
         assert!(rules.contains("oifname . ether daddr . ip daddr @ports accept"));
+    }
+
+    #[test]
+    fn names_are_proxied_only_where_addresses_would_be_denied() {
+        use crate::network::egress::{Cidr, HostPattern};
+        let ip = Ipv4Addr::new(10, 77, 1, 2);
+        let proxy = SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 1), 49090);
+        let everything: Cidr = "0.0.0.0/0".parse().unwrap();
+        let rules = EgressRules {
+            allow: vec!["198.51.100.0/24".parse().unwrap()],
+            allow_hosts: vec![HostPattern::Exact("api.example.com".into())],
+            deny: vec![everything],
+            header_rules: vec![],
+        };
+        let script = egress_names_script(ip, &rules, proxy);
+        let allowed = script
+            .find("en-1-2 ip daddr 198.51.100.0/24 return")
+            .expect("allowed network passes");
+        let redirect = script
+            .find("en-1-2 ip daddr 0.0.0.0/0 tcp dport { 80, 443 } dnat to 10.77.0.1:49090")
+            .expect("denied web traffic goes to the proxy");
+        assert!(allowed < redirect, "{script}");
+        assert!(
+            script.ends_with("add element ip warren egress_names { 10.77.1.2 : jump en-1-2 }\n")
+        );
+        // Names with nothing denied, or no names: no chain.
+        for rules in [
+            EgressRules {
+                deny: vec![],
+                ..rules.clone()
+            },
+            EgressRules {
+                allow_hosts: vec![],
+                ..rules.clone()
+            },
+        ] {
+            let script = egress_names_script(ip, &rules, proxy);
+            assert!(
+                script.ends_with("delete chain ip warren en-1-2\n"),
+                "{script}"
+            );
+            assert!(!script.contains("dnat"), "{script}");
+        }
+        // Header rules send all web traffic to the proxy, which applies the address rules itself.
+        let with_headers = EgressRules {
+            header_rules: vec![crate::network::egress::HeaderRule {
+                pattern: HostPattern::Exact("api.example.com".into()),
+                headers: vec![("Authorization".into(), "Bearer x".into())],
+            }],
+            ..EgressRules::default()
+        };
+        let script = egress_names_script(ip, &with_headers, proxy);
+        assert!(
+            script.contains("en-1-2 tcp dport { 80, 443 } dnat to 10.77.0.1:49090"),
+            "{script}"
+        );
+        assert!(!script.contains("return"), "{script}");
     }
 
     #[test]

@@ -4,8 +4,12 @@
 
 pub mod addresses;
 pub mod egress;
+pub mod egress_ca;
+mod egress_intercept;
+pub mod egress_proxy;
 pub mod firewall;
 pub mod netlink;
+pub mod requested_name;
 
 use std::net::Ipv4Addr;
 

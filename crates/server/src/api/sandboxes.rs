@@ -18,7 +18,7 @@ use super::AppState;
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
 use crate::store::{Millis, SandboxFilter, SandboxRecord};
-use warren_runtime::network::egress::EgressRules;
+use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -110,6 +110,43 @@ fn detail(state: &AppState, record: &SandboxRecord) -> api::SandboxDetail {
             },
         }),
         pause_mode: (record.state == SandboxState::Paused).then_some(api::PauseMode::Full),
+        network: Some(network_detail(record)),
+    }
+}
+
+/// The `network` of a sandbox's detail: its rules as stored (the DNS servers it was given are among
+/// the allowed addresses), and whether its URLs are public.
+fn network_detail(record: &SandboxRecord) -> api::SandboxNetwork {
+    let egress = &record.egress;
+    let allow: Vec<String> = egress
+        .allow
+        .iter()
+        .map(ToString::to_string)
+        .chain(egress.allow_hosts.iter().map(ToString::to_string))
+        .collect();
+    let deny: Vec<String> = egress.deny.iter().map(ToString::to_string).collect();
+    // Header values are secrets: their names are shown, never their values.
+    let rules: serde_json::Map<String, serde_json::Value> = egress
+        .header_rules
+        .iter()
+        .map(|rule| {
+            let headers: serde_json::Map<String, serde_json::Value> = rule
+                .headers
+                .iter()
+                .map(|(name, _)| (name.clone(), serde_json::Value::from("[redacted]")))
+                .collect();
+            (
+                rule.pattern.to_string(),
+                serde_json::json!([{"transform": {"headers": headers}}]),
+            )
+        })
+        .collect();
+    api::SandboxNetwork {
+        allow_public_traffic: Some(record.traffic_access_token.is_none()),
+        allow_out: (!allow.is_empty()).then_some(allow),
+        deny_out: (!deny.is_empty()).then_some(deny),
+        rules: (!rules.is_empty()).then_some(serde_json::Value::Object(rules)),
+        ..api::SandboxNetwork::default()
     }
 }
 
@@ -149,7 +186,12 @@ fn create_request(
         )));
     }
     let egress = match body.network.as_ref() {
-        Some(network) => egress_rules(network.allow_out.as_deref(), network.deny_out.as_deref())?,
+        Some(network) => egress_rules(
+            network.allow_out.as_deref(),
+            network.deny_out.as_deref(),
+            network.dns_servers.as_deref(),
+            network.rules.as_ref(),
+        )?,
         None => EgressRules::default(),
     };
     Ok(CreateRequest {
@@ -368,23 +410,137 @@ async fn update_network(
             asked.join(", ")
         )));
     }
-    let rules = egress_rules(body.allow_out.as_deref(), body.deny_out.as_deref())?;
+    let rules = egress_rules(
+        body.allow_out.as_deref(),
+        body.deny_out.as_deref(),
+        body.dns_servers.as_deref(),
+        body.rules.as_ref(),
+    )?;
     state.lifecycle.set_egress(&id, rules).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `allowOut` / `denyOut` as address rules: IPs and CIDRs; a host name is a 400 naming it.
+/// Most `dnsServers` entries, as in E2B.
+const MAX_DNS_SERVERS: usize = 10;
+
+/// `allowOut` (addresses, CIDRs, host names, `*.domain` wildcards), `denyOut` (addresses and CIDRs)
+/// and `dnsServers` as egress rules; anything malformed is a 400 naming the field and the entry.
+/// As in E2B, the DNS servers are allowed (all traffic to them) only when `allowOut` names a host.
 fn egress_rules(
     allow: Option<&[String]>,
     deny: Option<&[String]>,
+    dns_servers: Option<&[String]>,
+    rules: Option<&serde_json::Value>,
 ) -> Result<EgressRules, ApiError> {
-    let parse = |which: &str, list: Option<&[String]>| {
-        EgressRules::parse_list(which, list.unwrap_or_default()).map_err(ApiError::bad_request)
+    let header_rules = match rules {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(rules) => header_rules(rules).map_err(ApiError::bad_request)?,
     };
+    let (mut allow, allow_hosts) =
+        EgressRules::parse_allow("network.allowOut", allow.unwrap_or_default())
+            .map_err(ApiError::bad_request)?;
+    let deny = EgressRules::parse_list("network.denyOut", deny.unwrap_or_default())
+        .map_err(ApiError::bad_request)?;
+    let dns_servers = dns_servers.unwrap_or_default();
+    if dns_servers.len() > MAX_DNS_SERVERS {
+        return Err(ApiError::bad_request(format!(
+            "network.dnsServers has {} entries; at most {MAX_DNS_SERVERS}",
+            dns_servers.len()
+        )));
+    }
+    for server in dns_servers {
+        let ip: std::net::Ipv4Addr = server.trim().parse().map_err(|_| {
+            ApiError::bad_request(format!(
+                "network.dnsServers: {server:?} is not an IPv4 address"
+            ))
+        })?;
+        let cidr = Cidr {
+            network: ip,
+            prefix: 32,
+        };
+        if !allow_hosts.is_empty() && !allow.contains(&cidr) {
+            allow.push(cidr);
+        }
+    }
     Ok(EgressRules {
-        allow: parse("network.allowOut", allow)?,
-        deny: parse("network.denyOut", deny)?,
+        allow,
+        allow_hosts,
+        deny,
+        header_rules,
     })
+}
+
+/// Most hosts in `network.rules`, and headers per host.
+const MAX_RULE_HOSTS: usize = 64;
+const MAX_RULE_HEADERS: usize = 32;
+
+/// E2B's `network.rules`: `{"<host or *.domain>": [{"transform": {"headers": {"Name": "value"}}}]}`.
+/// The headers of a host's rules are applied in order (a later one of the same name wins).
+fn header_rules(value: &serde_json::Value) -> Result<Vec<HeaderRule>, String> {
+    let object = value
+        .as_object()
+        .ok_or("network.rules must be an object of host name to a list of rules")?;
+    if object.len() > MAX_RULE_HOSTS {
+        return Err(format!(
+            "network.rules names {} hosts; at most {MAX_RULE_HOSTS}",
+            object.len()
+        ));
+    }
+    let mut out: Vec<HeaderRule> = Vec::new();
+    for (host, list) in object {
+        let at = |what: &str| format!("network.rules[{host:?}]: {what}");
+        let pattern: HostPattern = host.parse().map_err(|e| format!("network.rules: {e}"))?;
+        let list = list
+            .as_array()
+            .ok_or_else(|| at("must be a list of rules"))?;
+        let mut headers: Vec<(String, String)> = Vec::new();
+        for rule in list {
+            let rule = rule
+                .as_object()
+                .ok_or_else(|| at("a rule must be an object"))?;
+            if let Some(other) = rule.keys().find(|k| k.as_str() != "transform") {
+                return Err(at(&format!("unknown rule field {other:?}")));
+            }
+            let Some(transform) = rule.get("transform") else {
+                continue;
+            };
+            let transform = transform
+                .as_object()
+                .ok_or_else(|| at("transform must be an object"))?;
+            if let Some(other) = transform.keys().find(|k| k.as_str() != "headers") {
+                return Err(at(&format!(
+                    "transform field {other:?} is not supported (only headers)"
+                )));
+            }
+            let Some(set) = transform.get("headers") else {
+                continue;
+            };
+            let set = set
+                .as_object()
+                .ok_or_else(|| at("transform.headers must be an object of name to value"))?;
+            for (name, value) in set {
+                let value = value
+                    .as_str()
+                    .ok_or_else(|| at(&format!("header {name:?} must have a string value")))?;
+                if hyper::header::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(at(&format!("{name:?} is not a valid header name")));
+                }
+                if hyper::header::HeaderValue::from_str(value).is_err() {
+                    return Err(at(&format!("the value of header {name:?} is not valid")));
+                }
+                headers.retain(|(existing, _)| !existing.eq_ignore_ascii_case(name));
+                headers.push((name.clone(), value.to_string()));
+            }
+        }
+        if headers.len() > MAX_RULE_HEADERS {
+            return Err(at(&format!("at most {MAX_RULE_HEADERS} headers")));
+        }
+        if out.iter().any(|rule| rule.pattern == pattern) {
+            return Err(format!("network.rules names {pattern} twice"));
+        }
+        out.push(HeaderRule { pattern, headers });
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Default, serde::Deserialize)]

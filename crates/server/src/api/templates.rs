@@ -25,6 +25,8 @@ pub fn router() -> Router<AppState> {
         .route("/templates", get(list).post(request_dockerfile_build))
         .route("/templates/{id}", get(get_one).delete(delete))
         .route("/templates/aliases/{alias}", get(alias))
+        .route("/templates/tags", post(assign_tags).delete(remove_tags))
+        .route("/templates/{id}/tags", get(list_tags))
         .route("/v3/templates", post(request_build_v3))
         .route("/v2/templates", post(request_build_v3))
         .route(
@@ -153,6 +155,56 @@ async fn get_one(
     }))
 }
 
+/// `POST /templates/tags`: more tags for the build that `target` (`name:tag` or `name`) names.
+async fn assign_tags(
+    State(state): State<AppState>,
+    key: Authenticated,
+    ApiJson(body): ApiJson<api::AssignTemplateTagsRequest>,
+) -> Result<(StatusCode, Json<api::AssignedTemplateTags>), ApiError> {
+    let build_id = state
+        .builds
+        .assign_tags(key.team(), &body.target, &body.tags)
+        .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(api::AssignedTemplateTags {
+            tags: body.tags,
+            build_id,
+        }),
+    ))
+}
+
+/// `DELETE /templates/tags`.
+async fn remove_tags(
+    State(state): State<AppState>,
+    key: Authenticated,
+    ApiJson(body): ApiJson<api::DeleteTemplateTagsRequest>,
+) -> Result<StatusCode, ApiError> {
+    state
+        .builds
+        .remove_tags(key.team(), &body.name, &body.tags)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /templates/{id}/tags`.
+async fn list_tags(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::TemplateTag>>, ApiError> {
+    let tags = state.builds.list_tags(key.team(), &id).await?;
+    Ok(Json(
+        tags.into_iter()
+            .map(|t| api::TemplateTag {
+                tag: t.tag,
+                build_id: t.build_id,
+                created_at: time(t.created_at).to_rfc3339(),
+            })
+            .collect(),
+    ))
+}
+
 /// `name` or `name:tag` into the name and its tags.
 fn split_tag(name: &str, tags: Option<Vec<String>>) -> (String, Vec<String>) {
     let mut tags = tags.unwrap_or_default();
@@ -194,6 +246,7 @@ async fn request_build_v3(
             cpu_count: body.cpu_count,
             memory_mb: body.memory_mb,
             dockerfile: None,
+            tags: tags.clone(),
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(requested(build, tags))))
@@ -218,6 +271,7 @@ async fn request_dockerfile_build(
                 ready_cmd: body.ready_cmd,
                 context_hash: body.context_hash,
             }),
+            tags: Vec::new(),
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(requested(build, Vec::new()))))

@@ -322,10 +322,6 @@ impl Lifecycle {
         Ok(seconds * 1000)
     }
 
-    fn spec_for(&self, record: &SandboxRecord, template: &TemplateRecord) -> SandboxSpec {
-        self.spec_with_layers(record, template.layers.clone())
-    }
-
     pub(crate) fn spec_with_layers(
         &self,
         record: &SandboxRecord,
@@ -363,9 +359,32 @@ impl Lifecycle {
                     id: id.to_string(),
                     source,
                 })?;
+            // New header rules over HTTPS need the egress CA trusted inside.
+            if let (false, Some(ip)) = (updated.egress.header_rules.is_empty(), updated.ip) {
+                let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
+                self.init_agent_at(&updated, addr, updated.envd_access_token.as_deref())
+                    .await?;
+            }
         }
         self.store.set_sandbox_egress(id, &updated.egress).await?;
         Ok(())
+    }
+
+    /// Gives an adopted sandbox its network rules again: nftables kept them across the restart, but
+    /// the egress proxy's host-name rules lived in the old process. Without this its allowed names
+    /// would be refused (the proxy fails closed), never wrongly allowed.
+    pub(crate) async fn reinstall_network(&self, record: &SandboxRecord) {
+        if record.egress.allow_hosts.is_empty() {
+            return;
+        }
+        let spec = network_spec(record);
+        let id = record.id.clone();
+        if let Err(error) = self
+            .on_runtime(move |runtime| runtime.set_network(&id, &spec))
+            .await
+        {
+            tracing::warn!(sandbox = %record.id, %error, "cannot reinstall the egress rules of an adopted sandbox");
+        }
     }
 
     /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
@@ -375,8 +394,20 @@ impl Lifecycle {
         id_or_alias: &str,
     ) -> Result<TemplateRecord, LifecycleError> {
         let visible = |t: &TemplateRecord| t.public || t.team_id == team_id;
-        match self.store.get_template(id_or_alias).await?.filter(visible) {
-            Some(template) if template.status == "ready" => Ok(template),
+        let (name, tag) = crate::templates::tags::split_reference(id_or_alias);
+        match self.store.get_template(name).await?.filter(visible) {
+            Some(template) if template.status == "ready" => {
+                let store = self.store.as_ref();
+                crate::templates::tags::template_at_tag(
+                    store,
+                    &self.config.state_dir,
+                    template,
+                    tag,
+                )
+                .await
+                .map_err(|e| LifecycleError::Conflict(e.to_string()))?
+                .ok_or_else(|| LifecycleError::TemplateNotFound(id_or_alias.to_string()))
+            }
             Some(template) => Err(LifecycleError::Conflict(format!(
                 "template '{id_or_alias}' is not ready (status {})",
                 template.status
@@ -391,24 +422,40 @@ impl Lifecycle {
         sandbox: &Sandbox,
         previous_token: Option<&str>,
     ) -> Result<(), LifecycleError> {
+        self.init_agent_at(record, sandbox.agent_addr(), previous_token)
+            .await
+    }
+
+    /// `POST /init` to the agent at `addr` with what `record` gives it; a sandbox whose egress has
+    /// header rules also gets the host's egress CA to trust.
+    async fn init_agent_at(
+        &self,
+        record: &SandboxRecord,
+        addr: std::net::SocketAddr,
+        previous_token: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let trusted_ca = if record.egress.header_rules.is_empty() {
+            None
+        } else {
+            self.on_runtime(|runtime| Ok(runtime.egress_trust_anchor()))
+                .await
+                .ok()
+                .flatten()
+        };
         let body = EnvdInit {
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             default_user: Some(DEFAULT_USER.to_string()),
             default_workdir: None,
             timestamp: Some(chrono::Utc::now()),
+            warren_trusted_ca: trusted_ca,
         };
-        init_agent(
-            sandbox.agent_addr(),
-            &body,
-            previous_token,
-            self.config.agent_init_timeout,
-        )
-        .await
-        .map_err(|source| LifecycleError::AgentInit {
-            id: record.id.clone(),
-            source,
-        })
+        init_agent(addr, &body, previous_token, self.config.agent_init_timeout)
+            .await
+            .map_err(|source| LifecycleError::AgentInit {
+                id: record.id.clone(),
+                source,
+            })
     }
 
     /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
@@ -957,7 +1004,10 @@ impl Lifecycle {
                         return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
                     }
                 };
-                let spec = self.spec_for(record, &template);
+                // The layers the checkpoint was taken over: a rebuild since moved the template on.
+                let layers = warren_runtime::checkpoint::Manifest::read(&dir)
+                    .map_or_else(|_| template.layers.clone(), |m| m.layers);
+                let spec = self.spec_with_layers(record, layers);
                 let checkpoint = dir.clone();
                 let restored = self
                     .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
@@ -1142,7 +1192,7 @@ impl Lifecycle {
 fn network_spec(record: &SandboxRecord) -> warren_runtime::NetworkSpec {
     let mut egress = record.egress.clone();
     let internet = match record.allow_internet {
-        Some(false) if egress.allow.is_empty() => false,
+        Some(false) if egress.allow.is_empty() && egress.allow_hosts.is_empty() => false,
         Some(false) => {
             let everything = Cidr {
                 network: std::net::Ipv4Addr::UNSPECIFIED,

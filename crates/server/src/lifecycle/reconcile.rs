@@ -66,6 +66,7 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
                     record.ip = Some(sandbox.ip);
                     record.init_pid = Some(sandbox.init_pid);
                     lifecycle.remember_route(&record);
+                    lifecycle.reinstall_network(&record).await;
                     report.adopted.push(record.id.clone());
                 } else {
                     destroy(lifecycle, &record.id).await;

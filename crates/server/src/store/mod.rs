@@ -5,6 +5,7 @@
 
 pub mod sqlite;
 mod sqlite_snapshots;
+mod sqlite_template_builds;
 
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
@@ -125,6 +126,56 @@ impl PauseKind {
             _ => None,
         }
     }
+}
+
+/// Where a template build is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BuildState {
+    Waiting,
+    Building,
+    Ready,
+    Error,
+}
+
+impl BuildState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BuildState::Waiting => "waiting",
+            BuildState::Building => "building",
+            BuildState::Ready => "ready",
+            BuildState::Error => "error",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<BuildState> {
+        [
+            BuildState::Waiting,
+            BuildState::Building,
+            BuildState::Ready,
+            BuildState::Error,
+        ]
+        .into_iter()
+        .find(|s| s.as_str() == text)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildRecord {
+    pub build_id: String,
+    pub template_id: String,
+    pub status: BuildState,
+    /// Why a build failed.
+    pub reason: Option<String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TemplateTag {
+    pub template_id: String,
+    pub tag: String,
+    pub build_id: String,
+    pub created_at: Millis,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -289,8 +340,34 @@ pub trait Store: Send + Sync {
     async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError>;
     async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;
     async fn record_template_spawn(&self, id: &str, now: Millis) -> Result<(), StoreError>;
-    /// Remove the template row; returns whether it existed.
+    /// Remove the template row (and its tags); returns whether it existed.
     async fn delete_template(&self, id: &str) -> Result<bool, StoreError>;
+    /// Points each of `tags` of `template_id` at `build_id` (moving a tag that named another build).
+    async fn assign_template_tags(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+        now: Millis,
+    ) -> Result<(), StoreError>;
+    /// Removes `tags` of `template_id`; returns how many existed.
+    async fn remove_template_tags(
+        &self,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<u64, StoreError>;
+    /// The tags of `template_id`, by tag.
+    async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError>;
+    /// Records a build or its new state (created_at is kept from the first write).
+    async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError>;
+    async fn get_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Option<BuildRecord>, StoreError>;
+    /// Fails the builds an earlier run left waiting or building (and templates whose current build
+    /// that was); returns how many.
+    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

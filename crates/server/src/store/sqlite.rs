@@ -14,12 +14,13 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, ApiKeyRecord, ChecksumStatus, IdempotencyClaim, Millis, PauseKind,
-    SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError,
-    TeamRecord, TemplateRecord, TransitionUpdate,
+    sqlite_snapshots, sqlite_template_builds, ApiKeyRecord, BuildRecord, ChecksumStatus,
+    IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate,
 };
 use crate::lifecycle::state::SandboxState;
-use warren_runtime::network::egress::{Cidr, EgressRules};
+use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -95,7 +96,8 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
     })
 }
 
-/// `{"allow": [...], "deny": [...]}` of CIDR strings; None for no rules.
+/// `{"allow": [...], "allowHosts": [...], "deny": [...]}` of CIDR and host-pattern strings; None
+/// for no rules.
 fn egress_to_json(egress: &EgressRules) -> Option<String> {
     if egress.is_empty() {
         return None;
@@ -103,7 +105,12 @@ fn egress_to_json(egress: &EgressRules) -> Option<String> {
     let list = |cidrs: &[Cidr]| cidrs.iter().map(Cidr::to_string).collect::<Vec<_>>();
     Some(to_json(&serde_json::json!({
         "allow": list(&egress.allow),
+        "allowHosts": egress.allow_hosts.iter().map(ToString::to_string).collect::<Vec<_>>(),
         "deny": list(&egress.deny),
+        "headerRules": egress.header_rules.iter().map(|rule| serde_json::json!({
+            "host": rule.pattern.to_string(),
+            "headers": rule.headers,
+        })).collect::<Vec<_>>(),
     })))
 }
 
@@ -114,7 +121,16 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
     #[derive(serde::Deserialize)]
     struct Stored {
         allow: Vec<String>,
+        #[serde(default, rename = "allowHosts")]
+        allow_hosts: Vec<String>,
         deny: Vec<String>,
+        #[serde(default, rename = "headerRules")]
+        header_rules: Vec<StoredHeaderRule>,
+    }
+    #[derive(serde::Deserialize)]
+    struct StoredHeaderRule {
+        host: String,
+        headers: Vec<(String, String)>,
     }
     let stored: Stored =
         serde_json::from_str(&text).map_err(|e| corrupt("sandbox egress rules", id, e))?;
@@ -126,9 +142,32 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
             })
             .collect()
     };
+    let allow_hosts = stored
+        .allow_hosts
+        .iter()
+        .map(|h| {
+            h.parse::<HostPattern>()
+                .map_err(|e| corrupt("sandbox egress rules", id, e))
+        })
+        .collect::<Result<_, _>>()?;
+    let header_rules = stored
+        .header_rules
+        .into_iter()
+        .map(|rule| {
+            Ok(HeaderRule {
+                pattern: rule
+                    .host
+                    .parse::<HostPattern>()
+                    .map_err(|e| corrupt("sandbox egress rules", id, e))?,
+                headers: rule.headers,
+            })
+        })
+        .collect::<Result<_, StoreError>>()?;
     Ok(EgressRules {
         allow: parse(&stored.allow)?,
+        allow_hosts,
         deny: parse(&stored.deny)?,
+        header_rules,
     })
 }
 
@@ -490,11 +529,55 @@ impl Store for SqliteStore {
     }
 
     async fn delete_template(&self, id: &str) -> Result<bool, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("DELETE FROM template_tags WHERE template_id = ?")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
         let done = sqlx::query("DELETE FROM templates WHERE id = ?")
             .bind(id)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await?;
+        tx.commit().await?;
         Ok(done.rows_affected() > 0)
+    }
+
+    async fn assign_template_tags(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        tags: &[String],
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        sqlite_template_builds::assign_tags(&self.pool, template_id, build_id, tags, now).await
+    }
+
+    async fn remove_template_tags(
+        &self,
+        template_id: &str,
+        tags: &[String],
+    ) -> Result<u64, StoreError> {
+        sqlite_template_builds::remove_tags(&self.pool, template_id, tags).await
+    }
+
+    async fn list_template_tags(&self, template_id: &str) -> Result<Vec<TemplateTag>, StoreError> {
+        sqlite_template_builds::list_tags(&self.pool, template_id).await
+    }
+
+    async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError> {
+        sqlite_template_builds::upsert_build(&self.pool, build).await
+    }
+
+    async fn get_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+    ) -> Result<Option<BuildRecord>, StoreError> {
+        sqlite_template_builds::get_build(&self.pool, template_id, build_id).await
+    }
+
+    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError> {
+        sqlite_template_builds::fail_unfinished_builds(&self.pool, reason, now).await
     }
 
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {

@@ -12,15 +12,19 @@ use warren_proto::api::ENVD_VERSION;
 
 use super::build::e2b_toml::E2bToml;
 use super::build::job::{LogLevel, TemplateBuildInfo};
+use super::build::runner::BuildError;
 use super::build::sdk_template::TemplateBuildStartV2;
 use super::build::service::{BuildService, ServiceError, TemplateDir};
 use super::build::uploads::UploadError;
 use super::build::versions::{BuiltTemplate, VersionError};
+use super::tags::{check_tag, split_reference, tagged_build, TagError, DEFAULT_TAG};
 use super::BASE_TEMPLATE_ID;
 use crate::config::DefaultResources;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{SandboxFilter, Store, StoreError, TemplateRecord};
+use crate::store::{
+    BuildRecord, BuildState, SandboxFilter, SnapshotFilter, Store, StoreError, TemplateRecord,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildsError {
@@ -75,6 +79,8 @@ pub struct BuildRequest {
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
     pub dockerfile: Option<DockerfileBuild>,
+    /// Tags the build gets once ready (`default` when empty).
+    pub tags: Vec<String>,
 }
 
 /// The ids a request was given.
@@ -90,6 +96,7 @@ struct PendingBuild {
     cpu_count: Option<u32>,
     memory_mb: Option<u64>,
     dockerfile: Option<DockerfileBuild>,
+    tags: Vec<String>,
 }
 
 pub struct TemplateBuilds {
@@ -116,6 +123,13 @@ fn check_name(name: &str) -> Result<(), BuildsError> {
         Err(BuildsError::BadRequest(format!(
             "invalid template name {name:?}: use lowercase letters, digits, '-' and '_'"
         )))
+    }
+}
+
+fn tag_error(error: TagError) -> BuildsError {
+    match error {
+        TagError::Store(e) => BuildsError::Store(e),
+        other => BuildsError::BadRequest(other.to_string()),
     }
 }
 
@@ -168,6 +182,9 @@ impl TemplateBuilds {
                 )));
             }
         }
+        for tag in &request.tags {
+            check_tag(tag).map_err(|e| BuildsError::BadRequest(e.to_string()))?;
+        }
         if let Some(dockerfile) = &request.dockerfile {
             if dockerfile.dockerfile.trim().is_empty() {
                 return Err(BuildsError::BadRequest("dockerfile is empty".into()));
@@ -219,12 +236,15 @@ impl TemplateBuilds {
                 (id, aliases)
             }
         };
+        self.record_build(&template_id, &build_id, BuildState::Waiting, None)
+            .await?;
         self.lock_pending().insert(
             (template_id.clone(), build_id.clone()),
             PendingBuild {
                 cpu_count: request.cpu_count,
                 memory_mb: request.memory_mb,
                 dockerfile: request.dockerfile,
+                tags: request.tags,
             },
         );
         Ok(RequestedBuild {
@@ -256,9 +276,36 @@ impl TemplateBuilds {
         body: &TemplateBuildStartV2,
     ) -> Result<(), BuildsError> {
         let pending = self.take_pending(template_id, build_id)?;
+        // fromTemplate names a template by alias or id; version records are kept by id.
+        let mut body = body.clone();
+        // Only the building team's templates and public ones can be built on.
+        if let Some(name) = body.from_template.clone() {
+            let (name, _tag) = super::tags::split_reference(&name);
+            let found =
+                self.runtime.block_on(async {
+                    let own = self.store.get_template(template_id).await?;
+                    let base = self.store.get_template(name).await?;
+                    Ok::<_, StoreError>(base.filter(|b| {
+                        b.public || own.as_ref().is_some_and(|o| o.team_id == b.team_id)
+                    }))
+                });
+            match found {
+                Ok(Some(base)) => body.from_template = Some(base.id),
+                Ok(None) => {
+                    self.put_back(template_id, build_id, pending);
+                    return Err(BuildsError::BadRequest(format!(
+                        "base template {name:?} not found or has no ready build"
+                    )));
+                }
+                Err(e) => {
+                    self.put_back(template_id, build_id, pending);
+                    return Err(e.into());
+                }
+            }
+        }
         let plan = match self
             .service
-            .plan_sdk(body, pending.cpu_count, pending.memory_mb)
+            .plan_sdk(&body, pending.cpu_count, pending.memory_mb)
         {
             Ok(plan) => plan,
             Err(e) => {
@@ -323,7 +370,11 @@ impl TemplateBuilds {
             dockerfile: dockerfile.dockerfile.clone(),
             context,
         };
-        Ok(template.plan(&Default::default(), self.service.rootfs())?)
+        Ok(template.plan_with(
+            &Default::default(),
+            self.service.rootfs(),
+            self.service.images(),
+        )?)
     }
 
     fn put_back(&self, template_id: &str, build_id: &str, pending: PendingBuild) {
@@ -340,16 +391,40 @@ impl TemplateBuilds {
     ) -> Result<(), BuildsError> {
         let builds = Arc::clone(self);
         let id = template_id.to_string();
-        let on_done = Box::new(move |result: Result<BuiltTemplate, _>| {
-            let recorded = builds
-                .runtime
-                .block_on(builds.record_result(&id, result.ok()));
+        let tags = pending.tags.clone();
+        let build = build_id.to_string();
+        let on_done = Box::new(move |result: Result<BuiltTemplate, BuildError>| {
+            let (built, reason) = match result {
+                Ok(built) => (Some(built), None),
+                Err(error) => (None, Some(error.to_string())),
+            };
+            let recorded = builds.runtime.block_on(async {
+                let state = if built.is_some() {
+                    BuildState::Ready
+                } else {
+                    BuildState::Error
+                };
+                builds.record_build(&id, &build, state, reason).await?;
+                builds.record_result(&id, built, &tags).await
+            });
             if let Err(error) = recorded {
                 tracing::error!(template = %id, %error, "cannot record a finished build");
             }
         });
         match self.service.start(template_id, build_id, plan, on_done) {
-            Ok(_) => Ok(()),
+            Ok(_) => {
+                // The build thread may already have recorded its end; the store keeps that.
+                let started = self.runtime.block_on(self.record_build(
+                    template_id,
+                    build_id,
+                    BuildState::Building,
+                    None,
+                ));
+                if let Err(error) = started {
+                    tracing::warn!(build = %build_id, %error, "recording a started build");
+                }
+                Ok(())
+            }
             Err(ServiceError::AlreadyRunning {
                 template_id,
                 build_id: running,
@@ -371,6 +446,7 @@ impl TemplateBuilds {
         &self,
         template_id: &str,
         built: Option<BuiltTemplate>,
+        tags: &[String],
     ) -> Result<(), StoreError> {
         let Some(mut record) = self.store.get_template(template_id).await? else {
             return Ok(());
@@ -391,20 +467,116 @@ impl TemplateBuilds {
             None if record.status != "ready" => record.status = "error".into(),
             None => return Ok(()),
         }
-        self.store.upsert_template(&record).await
+        self.store.upsert_template(&record).await?;
+        if record.status == "ready" {
+            let default = [DEFAULT_TAG.to_string()];
+            let tags = if tags.is_empty() { &default[..] } else { tags };
+            self.store
+                .assign_template_tags(&record.id, &record.build_id, tags, now_millis())
+                .await?;
+        }
+        Ok(())
     }
 
-    /// Makes sure the built-in template `id` (public, the default team's) is built from `plan`: its newest
-    /// version is used as it is when it was built from the same plan (same final layer key, start and
-    /// ready commands); otherwise a build starts in the background and the template becomes `ready`
-    /// when it finishes (while an older version exists, that one stays current meanwhile). Returns the
-    /// id of the started build, or None when the cached version serves.
-    pub async fn ensure_builtin(
-        self: &Arc<Self>,
+    async fn record_build(
+        &self,
+        template_id: &str,
+        build_id: &str,
+        status: BuildState,
+        reason: Option<String>,
+    ) -> Result<(), StoreError> {
+        let now = now_millis();
+        self.store
+            .upsert_build(&BuildRecord {
+                build_id: build_id.to_string(),
+                template_id: template_id.to_string(),
+                status,
+                reason,
+                created_at: now,
+                updated_at: now,
+            })
+            .await
+    }
+
+    /// A template of `team_id` by id or name, for changing its tags.
+    async fn owned_template(
+        &self,
+        team_id: &str,
+        name: &str,
+    ) -> Result<TemplateRecord, BuildsError> {
+        match self.store.get_template(name).await? {
+            Some(t) if t.team_id == team_id && t.id != BASE_TEMPLATE_ID => Ok(t),
+            Some(t) if t.id == BASE_TEMPLATE_ID => Err(BuildsError::BuiltIn(t.id)),
+            _ => Err(BuildsError::TemplateNotFound(name.into())),
+        }
+    }
+
+    /// `POST /templates/tags`: points `tags` at the build `target` (`name:tag`, or `name` for the
+    /// current build) names. Returns that build's id.
+    pub async fn assign_tags(
+        &self,
+        team_id: &str,
+        target: &str,
+        tags: &[String],
+    ) -> Result<String, BuildsError> {
+        if tags.is_empty() {
+            return Err(BuildsError::BadRequest("tags is empty".into()));
+        }
+        for tag in tags {
+            check_tag(tag).map_err(|e| BuildsError::BadRequest(e.to_string()))?;
+        }
+        let (name, tag) = split_reference(target);
+        let template = self.owned_template(team_id, name).await?;
+        let build_id = tagged_build(self.store.as_ref(), &template, tag)
+            .await
+            .map_err(tag_error)?
+            .ok_or_else(|| BuildsError::TemplateNotFound(target.into()))?;
+        self.store
+            .assign_template_tags(&template.id, &build_id, tags, now_millis())
+            .await?;
+        Ok(build_id)
+    }
+
+    /// `DELETE /templates/tags`: 404 when none of `tags` existed.
+    pub async fn remove_tags(
+        &self,
+        team_id: &str,
+        name: &str,
+        tags: &[String],
+    ) -> Result<(), BuildsError> {
+        let template = self.owned_template(team_id, name).await?;
+        if self.store.remove_template_tags(&template.id, tags).await? == 0 {
+            return Err(BuildsError::TemplateNotFound(format!(
+                "{name}:{}",
+                tags.join(",")
+            )));
+        }
+        Ok(())
+    }
+
+    /// `GET /templates/{id}/tags`.
+    pub async fn list_tags(
+        &self,
+        team_id: &str,
+        id_or_name: &str,
+    ) -> Result<Vec<crate::store::TemplateTag>, BuildsError> {
+        let template = match self.store.get_template(id_or_name).await? {
+            Some(t) if t.public || t.team_id == team_id => t,
+            _ => return Err(BuildsError::TemplateNotFound(id_or_name.into())),
+        };
+        Ok(self.store.list_template_tags(&template.id).await?)
+    }
+
+    /// Registers the built-in template `id` (public, the default team's) for `plan` and says whether it
+    /// needs a build: its newest version serves as it is when it was built from the same plan (same
+    /// final layer key, start and ready commands), and becomes current. Otherwise start the build with
+    /// [`TemplateBuilds::start_builtin`]; while an older version exists, that one stays current meanwhile.
+    pub async fn register_builtin(
+        &self,
         id: &str,
         aliases: &[&str],
-        plan: super::build::plan::BuildPlan,
-    ) -> Result<Option<String>, BuildsError> {
+        plan: &super::build::plan::BuildPlan,
+    ) -> Result<bool, BuildsError> {
         let latest = self.service.versions().latest(id)?;
         let cached = latest.filter(|built| {
             built.final_key == plan.final_key()
@@ -437,18 +609,31 @@ impl TemplateBuilds {
             updated_at: now,
         };
         self.store.upsert_template(&record).await?;
-        if let Some(built) = cached {
-            self.record_result(id, Some(built)).await?;
-            return Ok(None);
+        match cached {
+            Some(built) => {
+                self.record_result(id, Some(built), &[]).await?;
+                Ok(false)
+            }
+            None => Ok(true),
         }
+    }
+
+    /// Starts a build of the built-in template `id` registered with [`TemplateBuilds::register_builtin`];
+    /// returns its build id. Blocking: call off the async threads.
+    pub fn start_builtin(
+        self: &Arc<Self>,
+        id: &str,
+        plan: super::build::plan::BuildPlan,
+    ) -> Result<String, BuildsError> {
         let build_id = uuid::Uuid::new_v4().to_string();
         let pending = PendingBuild {
             cpu_count: plan.cpu_count,
             memory_mb: plan.memory_mb,
             dockerfile: None,
+            tags: Vec::new(),
         };
         self.launch(id, &build_id, pending, plan)?;
-        Ok(Some(build_id))
+        Ok(build_id)
     }
 
     /// The SDK's status body. A requested build not started yet is `waiting`; a build of an earlier
@@ -470,8 +655,22 @@ impl TemplateBuilds {
             return Ok(job.status_response(logs_offset, limit, level));
         }
         let key = (template.id.clone(), build_id.to_string());
+        let mut reason = None;
         let status = if self.lock_pending().contains_key(&key) {
             super::build::job::BuildStatus::Waiting
+        } else if let Some(record) = self.store.get_build(&template.id, build_id).await? {
+            // A build of an earlier run (or requested then lost to a restart).
+            reason = record.reason.map(|message| super::build::job::BuildReason {
+                message,
+                step: None,
+                log_entries: Vec::new(),
+            });
+            match record.status {
+                BuildState::Waiting => super::build::job::BuildStatus::Waiting,
+                BuildState::Building => super::build::job::BuildStatus::Building,
+                BuildState::Ready => super::build::job::BuildStatus::Ready,
+                BuildState::Error => super::build::job::BuildStatus::Error,
+            }
         } else if self.service.versions().load(&template.id, build_id).is_ok() {
             super::build::job::BuildStatus::Ready
         } else {
@@ -486,7 +685,7 @@ impl TemplateBuilds {
             status,
             logs: Vec::new(),
             log_entries: Vec::new(),
-            reason: None,
+            reason,
         })
     }
 
@@ -582,6 +781,68 @@ impl TemplateBuilds {
         };
         self.lock_pending().retain(|(t, _), _| t != &template.id);
         self.store.delete_template(&template.id).await?;
+        if live == 0 {
+            self.prune_unused_layers().await;
+        }
         Ok(())
+    }
+
+    /// Garbage-collects cached layers (image layers among them) that no template version and no
+    /// snapshot uses, after a template went away with no sandbox on it. Failures are logged: the
+    /// delete itself succeeded.
+    async fn prune_unused_layers(&self) {
+        let snapshots = match self.store.list_snapshots(&SnapshotFilter::default()).await {
+            Ok(snapshots) => snapshots,
+            Err(error) => {
+                tracing::warn!(%error, "listing snapshots for layer pruning; not pruning");
+                return;
+            }
+        };
+        // A live sandbox of a template deleted with ?force=true stands on layers no version lists any
+        // more: then nothing is pruned.
+        let live = match self
+            .store
+            .list_sandboxes(&SandboxFilter {
+                states: vec![
+                    SandboxState::Creating,
+                    SandboxState::Running,
+                    SandboxState::Pausing,
+                    SandboxState::Paused,
+                    SandboxState::Resuming,
+                ],
+                ..SandboxFilter::default()
+            })
+            .await
+        {
+            Ok(live) => live,
+            Err(error) => {
+                tracing::warn!(%error, "listing sandboxes for layer pruning; not pruning");
+                return;
+            }
+        };
+        for sandbox in &live {
+            match self.store.get_template(&sandbox.template_id).await {
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    tracing::info!(sandbox = %sandbox.id, template = %sandbox.template_id, "a live sandbox's template is gone; not pruning layers");
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "looking up templates for layer pruning; not pruning");
+                    return;
+                }
+            }
+        }
+        let service = Arc::clone(&self.service);
+        let layer_paths: Vec<PathBuf> = snapshots.into_iter().flat_map(|s| s.layers).collect();
+        match tokio::task::spawn_blocking(move || service.prune_layers_if_idle(&layer_paths)).await
+        {
+            Ok(Ok(Some(removed))) if removed > 0 => {
+                tracing::info!(removed, "pruned layers no template or snapshot uses")
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(error)) => tracing::warn!(%error, "pruning unused layers"),
+            Err(error) => tracing::warn!(%error, "pruning unused layers"),
+        }
     }
 }

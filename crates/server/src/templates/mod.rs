@@ -3,6 +3,8 @@
 pub mod build;
 pub mod builds;
 pub mod code_interpreter;
+pub mod images;
+pub mod tags;
 
 use std::path::Path;
 

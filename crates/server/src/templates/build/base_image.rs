@@ -1,8 +1,11 @@
 //! `FROM <image>` → the local base root filesystem Warren builds on, plus what must be added to it so the
 //! image behaves like the one named (pip for `python:*`, node for `node:*`).
 //!
-//! Warren has no image registry: every supported image maps onto the Debian 12 base rootfs that
-//! `scripts/setup.d/40-rootfs.sh` builds once.
+//! The well-known Debian-like names (`debian`, `ubuntu`, `python`, `node`, `e2bdev/*` on Docker Hub)
+//! map onto the Debian 12 base rootfs that `scripts/setup.d/40-rootfs.sh` builds once, so the common
+//! templates build offline. Every other image — another distribution, a name on an explicit
+//! registry, or any image given with credentials — is pulled from its registry
+//! ([`choose`] says which; `crate::templates::images` pulls).
 
 use std::path::{Path, PathBuf};
 
@@ -108,7 +111,33 @@ pub const SUPPORTED: &[&str] = &[
     "e2bdev/code-interpreter",
 ];
 
-/// Maps an image reference onto the base rootfs at `rootfs`.
+/// Where a `FROM` image comes from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum BaseChoice {
+    /// One of the names the local Debian 12 rootfs stands in for.
+    Local(BaseImage),
+    /// Pulled from its registry.
+    Registry(String),
+}
+
+/// Local rootfs for the well-known Docker Hub names, the registry for everything else. `credentials`:
+/// the template gave a registry login, so it means a real (private) image: always pulled.
+pub fn choose(image: &str, rootfs: &Path, credentials: bool) -> Result<BaseChoice, BaseImageError> {
+    let trimmed = image.trim();
+    if trimmed.is_empty() {
+        return Err(BaseImageError::Empty);
+    }
+    if credentials {
+        return Ok(BaseChoice::Registry(trimmed.to_string()));
+    }
+    match resolve(trimmed, rootfs) {
+        Ok(base) => Ok(BaseChoice::Local(base)),
+        Err(BaseImageError::Unsupported { .. }) => Ok(BaseChoice::Registry(trimmed.to_string())),
+        Err(e) => Err(e),
+    }
+}
+
+/// Maps an image reference onto the base rootfs at `rootfs` (only the well-known names; see [`choose`]).
 pub fn resolve(image: &str, rootfs: &Path) -> Result<BaseImage, BaseImageError> {
     let image = image.trim();
     if image.is_empty() {
@@ -223,6 +252,32 @@ mod tests {
         assert!(text.contains("e2bdev/code-interpreter"), "{text}");
         assert!(resolve("registry.example:5000/debian:12", &rootfs()).is_err());
         assert_eq!(resolve("  ", &rootfs()), Err(BaseImageError::Empty));
+    }
+
+    #[test]
+    fn other_images_and_explicit_registries_are_pulled() {
+        for image in [
+            "alpine:3.19",
+            "fedora",
+            "registry.example:5000/debian:12",
+            "127.0.0.1:5000/busybox:1",
+        ] {
+            assert_eq!(
+                choose(image, &rootfs(), false).unwrap(),
+                BaseChoice::Registry(image.to_string()),
+                "{image}"
+            );
+        }
+        assert!(matches!(
+            choose("python:3.11", &rootfs(), false).unwrap(),
+            BaseChoice::Local(_)
+        ));
+        // A login means a private image, even under a well-known name.
+        assert_eq!(
+            choose("python:3.11", &rootfs(), true).unwrap(),
+            BaseChoice::Registry("python:3.11".into())
+        );
+        assert_eq!(choose(" ", &rootfs(), false), Err(BaseImageError::Empty));
     }
 
     #[test]

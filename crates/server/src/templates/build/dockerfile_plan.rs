@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::base_image::{self, BaseImageError};
+use super::base_image::{self, BaseChoice, BaseImageError};
 use super::context::{hash_entries, BuildContext, ContextError};
 use super::dockerfile::{self, Body, DockerfileError, Instruction, Keyword};
 use super::e2b_toml::E2bToml;
@@ -13,6 +13,8 @@ use super::plan::{
     SANDBOX_WORKDIR,
 };
 use super::words::{expand_word, expand_words, Vars, WordError};
+use crate::templates::images::registry::RegistryError;
+use crate::templates::images::{ImageResolver, NoRegistry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DockerfilePlanError {
@@ -29,6 +31,12 @@ pub enum DockerfilePlanError {
         line: usize,
         #[source]
         source: BaseImageError,
+    },
+    #[error("line {line}: {source}")]
+    Pull {
+        line: usize,
+        #[source]
+        source: RegistryError,
     },
     #[error("line {line}: {keyword}: {source}")]
     Context {
@@ -67,7 +75,16 @@ const PREDEFINED_ARGS: &[&str] = &[
     "all_proxy",
 ];
 
+/// Plans without registry access: a `FROM` the local rootfs does not stand in for is an error.
 pub fn plan_dockerfile(input: &DockerfileInput<'_>) -> Result<BuildPlan, DockerfilePlanError> {
+    plan_dockerfile_with(input, &NoRegistry)
+}
+
+/// Plans with `images` resolving the `FROM` images that are pulled.
+pub fn plan_dockerfile_with(
+    input: &DockerfileInput<'_>,
+    images: &dyn ImageResolver,
+) -> Result<BuildPlan, DockerfilePlanError> {
     let parsed = dockerfile::parse(input.dockerfile)?;
     let escape = parsed.escape;
     let mut used_args: BTreeSet<String> = BTreeSet::new();
@@ -96,12 +113,22 @@ pub fn plan_dockerfile(input: &DockerfileInput<'_>) -> Result<BuildPlan, Dockerf
                     let words =
                         expand_words(text_body(ins)?, &global_args, escape).map_err(word_err)?;
                     let image = words.first().cloned().unwrap_or_default();
-                    let base = base_image::resolve(&image, input.rootfs)
+                    let choice = base_image::choose(&image, input.rootfs, false)
                         .map_err(|source| DockerfilePlanError::Base { line, source })?;
-                    builder = Some(PlanBuilder::new(
-                        BaseSource::Image(base),
-                        ExecState::dockerfile_start(),
-                    ));
+                    let (base, start) = match choice {
+                        BaseChoice::Local(base) => {
+                            (BaseSource::Image(base), ExecState::dockerfile_start())
+                        }
+                        BaseChoice::Registry(image) => {
+                            let resolved = images
+                                .resolve(&image, None)
+                                .map_err(|source| DockerfilePlanError::Pull { line, source })?;
+                            let start =
+                                ExecState::dockerfile_start().on_image(&resolved.config, true);
+                            (BaseSource::Registry(Box::new(resolved)), start)
+                        }
+                    };
+                    builder = Some(PlanBuilder::new(base, start));
                 }
                 other => {
                     return Err(DockerfilePlanError::Invalid {
@@ -636,7 +663,7 @@ mod tests {
         assert!(err("FROM debian\nCOPY requirements.txt app /dest\n").contains("ending in /"));
         assert!(err("FROM debian\nADD https://example.com/x.tgz /opt/\n").contains("URL"));
         assert!(err("FROM debian\nCOPY --chmod=abc requirements.txt /x\n").contains("chmod"));
-        assert!(err("FROM alpine:3\nRUN true\n").contains("not supported"));
+        assert!(err("FROM alpine:3\nRUN true\n").contains("no registry access"));
         assert!(err("RUN true\nFROM debian\n").contains("before FROM"));
         assert!(err("FROM debian\nSHELL /bin/bash -c\n").contains("JSON"));
         assert!(err("FROM debian\nENV A=\"open\n").contains("line 2"));

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 
 use super::base_image::BaseImage;
 use super::context::CopyEntry;
+use crate::templates::images::registry::{ImageRunConfig, ResolvedImage};
 
 /// PATH of the base images Warren stands in for (Docker's default for Debian images).
 pub const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
@@ -51,6 +52,23 @@ impl ExecState {
             workdir: SANDBOX_WORKDIR.into(),
             ..ExecState::dockerfile_start()
         }
+    }
+
+    /// This state on top of a pulled image, as Docker starts a container of it: the image's ENV (its
+    /// PATH among them) under this state's; with `docker_defaults` (a Dockerfile), also the image's
+    /// USER and WORKDIR, else root in `/`. The SDK's Template builder keeps E2B's `user` in `/home/user`.
+    pub fn on_image(mut self, config: &ImageRunConfig, docker_defaults: bool) -> ExecState {
+        for entry in &config.env {
+            let (key, value) = entry.split_once('=').unwrap_or((entry.as_str(), ""));
+            if !key.is_empty() {
+                self.env.insert(key.to_string(), value.to_string());
+            }
+        }
+        if docker_defaults {
+            self.user = config.user.clone().unwrap_or_else(|| "root".into());
+            self.workdir = config.working_dir.clone().unwrap_or_else(|| "/".into());
+        }
+        self
     }
 
     /// Variables for word expansion and the environment of RUN: ARGs, then ENV over them.
@@ -126,6 +144,9 @@ pub struct PlanStep {
 #[derive(Debug, Clone, PartialEq)]
 pub enum BaseSource {
     Image(BaseImage),
+    /// An image pulled from a registry: its layers are fetched into the layer store by the build (so
+    /// [`BaseSource::layers`] is empty until then); its manifest digest keys everything above it.
+    Registry(Box<ResolvedImage>),
     /// Another Warren template (`fromTemplate`): its layers, top-most first, and its final state.
     Template {
         name: String,
@@ -140,6 +161,7 @@ impl BaseSource {
     pub fn layers(&self) -> Vec<PathBuf> {
         match self {
             BaseSource::Image(image) => vec![image.rootfs.clone()],
+            BaseSource::Registry(_) => Vec::new(),
             BaseSource::Template { layers, .. } => layers.clone(),
         }
     }
@@ -148,6 +170,9 @@ impl BaseSource {
         match self {
             BaseSource::Image(image) => {
                 sha256_hex(&[CACHE_FORMAT, "base", &rootfs_identity(&image.rootfs)])
+            }
+            BaseSource::Registry(image) => {
+                sha256_hex(&[CACHE_FORMAT, "image", &image.manifest_digest])
             }
             BaseSource::Template { key, .. } => key.clone(),
         }
@@ -219,7 +244,7 @@ impl PlanBuilder {
         let parent_key = base.key();
         let state = match &base {
             BaseSource::Template { state, .. } => state.clone(),
-            BaseSource::Image(_) => start.clone(),
+            BaseSource::Image(_) | BaseSource::Registry(_) => start.clone(),
         };
         let mut builder = PlanBuilder {
             base: base.clone(),
@@ -245,6 +270,35 @@ impl PlanBuilder {
                     false,
                 );
             }
+        }
+        if let BaseSource::Registry(image) = &base {
+            let run = &image.config;
+            if !run.entrypoint.is_empty() || !run.cmd.is_empty() {
+                let mut argv = run.entrypoint.clone();
+                argv.extend(run.cmd.iter().cloned());
+                builder.warnings.push(format!(
+                    "{}: the image's ENTRYPOINT/CMD {argv:?} is not run; a template starts its start_cmd",
+                    image.image
+                ));
+            }
+            let root = ExecState {
+                user: "root".into(),
+                workdir: "/".into(),
+                ..start.clone()
+            };
+            builder.push(
+                "base".into(),
+                format!("FROM {} (Warren: user, home, shell)", image.image),
+                StepAction::Run {
+                    argv: vec![
+                        "/bin/sh".into(),
+                        "-c".into(),
+                        crate::templates::images::image_setup::SETUP_SCRIPT.into(),
+                    ],
+                },
+                root,
+                false,
+            );
         }
         builder
     }

@@ -13,6 +13,10 @@ use super::job::{BuildJob, LineSplitter, LogLevel};
 use super::layers::{write_copy_layer, write_workdir_layer, LayerError, LayerStack, LayerStore};
 use super::plan::{BaseSource, BuildPlan, PlanStep, StepAction};
 use super::versions::{BuiltTemplate, TemplateStart, TemplateVersions, VersionError};
+use crate::templates::images::image_layers::{
+    ensure_image_layers, ImageLayerError, LayerSource, StoredLayer,
+};
+use crate::templates::images::registry::{ImageLayer, RegistryClient, RegistrySettings};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
@@ -45,6 +49,8 @@ pub enum BuildError {
         #[source]
         source: LayerError,
     },
+    #[error("base image: {0}")]
+    Image(#[source] ImageLayerError),
     #[error("finalize: {0}")]
     Finalize(String),
     #[error(transparent)]
@@ -60,7 +66,7 @@ impl BuildError {
             | BuildError::Command { step, .. }
             | BuildError::Layer { step, .. } => Some(step),
             BuildError::Finalize(_) => Some(FINALIZE_STEP),
-            BuildError::BaseMissing(_) => Some("base"),
+            BuildError::BaseMissing(_) | BuildError::Image(_) => Some("base"),
             BuildError::Version(_) => None,
         }
     }
@@ -82,6 +88,8 @@ pub struct BuildSettings {
     /// How long ready_cmd may keep failing after start_cmd started.
     pub ready_timeout: Duration,
     pub ready_interval: Duration,
+    /// Which image registries may be reached without TLS (loopback ones always may).
+    pub registry: RegistrySettings,
 }
 
 impl BuildSettings {
@@ -98,6 +106,7 @@ impl BuildSettings {
             allow_internet: true,
             ready_timeout: Duration::from_secs(120),
             ready_interval: Duration::from_millis(500),
+            registry: RegistrySettings::from_env(),
         }
     }
 }
@@ -215,6 +224,47 @@ impl<'a> TemplateBuilder<'a> {
         }
         let mut stack = plan.base.layers();
         let mut keys = Vec::new();
+        if let BaseSource::Registry(image) = &plan.base {
+            job.log(
+                LogLevel::Info,
+                Some("base"),
+                format!(
+                    "FROM {} ({}, {} layers)",
+                    image.canonical,
+                    image.manifest_digest,
+                    image.layers.len()
+                ),
+            );
+            let client = RegistryClient::new(self.settings.registry.clone());
+            let mut report = |layer: &ImageLayer, stored: &StoredLayer| {
+                let what = match &stored.source {
+                    LayerSource::Cached => "cached".to_string(),
+                    LayerSource::Pulled(stats) => format!(
+                        "pulled {} bytes, {} entries, {} whiteouts, {} opaque dirs{}",
+                        layer.size,
+                        stats.entries,
+                        stats.whiteouts,
+                        stats.opaque_dirs,
+                        if stats.skipped_devices > 0 {
+                            format!(", {} device nodes skipped", stats.skipped_devices)
+                        } else {
+                            String::new()
+                        }
+                    ),
+                };
+                job.log(
+                    LogLevel::Info,
+                    Some("base"),
+                    format!("layer {}: {what}", layer.digest),
+                );
+            };
+            let stored = ensure_image_layers(&self.layers, &client, image, &mut report)
+                .map_err(BuildError::Image)?;
+            for layer in stored {
+                stack.insert(0, layer.fs_dir);
+                keys.push(layer.key);
+            }
+        }
         let mut cached_steps = 0;
         for step in &plan.steps {
             job.step_started(&step.id);

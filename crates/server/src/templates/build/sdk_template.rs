@@ -8,9 +8,11 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use super::base_image::{self, BaseImageError, E2B_DEFAULT_BASE_IMAGE};
+use super::base_image::{self, BaseChoice, BaseImageError, E2B_DEFAULT_BASE_IMAGE};
 use super::context::{hash_entries, BuildContext, ContextError};
 use super::plan::{parse_mode, BaseSource, BuildPlan, ExecState, PlanBuilder, StepAction};
+use crate::templates::images::registry::{RegistryCredentials, RegistryError};
+use crate::templates::images::{ImageResolver, NoRegistry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum SdkTemplateError {
@@ -18,8 +20,10 @@ pub enum SdkTemplateError {
     BaseChoice,
     #[error(transparent)]
     Base(#[from] BaseImageError),
-    #[error("fromImageRegistry (private registries) is not supported: Warren builds on its local Debian 12 base")]
-    Registry,
+    #[error("fromImageRegistry: {0}")]
+    Registry(String),
+    #[error(transparent)]
+    Pull(#[from] RegistryError),
     #[error("base template {0:?} not found or has no ready build")]
     BaseTemplateNotFound(String),
     #[error("step {step}: {message}")]
@@ -76,6 +80,38 @@ pub trait SdkPlanEnv {
     fn files_dir(&self, files_hash: &str) -> Option<PathBuf>;
     /// A ready template by name or id, for `fromTemplate`.
     fn template_base(&self, name: &str) -> Option<BaseSource>;
+    /// Where images that are not stood in for by the local rootfs are resolved (default: nowhere).
+    fn images(&self) -> &dyn ImageResolver {
+        &NoRegistry
+    }
+}
+
+/// `fromImageRegistry` as the SDK sends it: `{type: "registry", username, password}` from
+/// `from_image(image, username, password)`; the AWS and GCP forms are refused by name.
+fn registry_credentials(
+    value: Option<&serde_json::Value>,
+) -> Result<Option<RegistryCredentials>, SdkTemplateError> {
+    let Some(value) = value.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let text = |key: &str| value.get(key).and_then(|v| v.as_str()).unwrap_or("");
+    match text("type") {
+        "registry" => {
+            let (username, password) = (text("username"), text("password"));
+            if username.is_empty() || password.is_empty() {
+                return Err(SdkTemplateError::Registry(
+                    "type registry needs a username and a password".into(),
+                ));
+            }
+            Ok(Some(RegistryCredentials::new(username, password)))
+        }
+        kind @ ("aws" | "gcp") => Err(SdkTemplateError::Registry(format!(
+            "type {kind} (from_{kind}_registry) is not supported: give the registry's username and password (from_image(image, username, password))"
+        ))),
+        other => Err(SdkTemplateError::Registry(format!(
+            "unknown type {other:?} (supported: registry)"
+        ))),
+    }
 }
 
 /// Resources and names come with the `POST /v3/templates` request, not with the steps.
@@ -85,9 +121,7 @@ pub fn plan_sdk_template(
     memory_mb: Option<u64>,
     env: &dyn SdkPlanEnv,
 ) -> Result<BuildPlan, SdkTemplateError> {
-    if request.from_image_registry.is_some() {
-        return Err(SdkTemplateError::Registry);
-    }
+    let credentials = registry_credentials(request.from_image_registry.as_ref())?;
     let from_image = request
         .from_image
         .as_deref()
@@ -96,8 +130,23 @@ pub fn plan_sdk_template(
         .from_template
         .as_deref()
         .filter(|s| !s.trim().is_empty());
+    if credentials.is_some() && from_image.is_none() {
+        return Err(SdkTemplateError::Registry(
+            "credentials are for fromImage; this template names no image".into(),
+        ));
+    }
+    let mut start = ExecState::sdk_start();
     let base = match (from_image, from_template) {
-        (Some(image), None) => BaseSource::Image(base_image::resolve(image, &env.rootfs())?),
+        (Some(image), None) => {
+            match base_image::choose(image, &env.rootfs(), credentials.is_some())? {
+                BaseChoice::Local(base) => BaseSource::Image(base),
+                BaseChoice::Registry(image) => {
+                    let resolved = env.images().resolve(&image, credentials.as_ref())?;
+                    start = start.on_image(&resolved.config, false);
+                    BaseSource::Registry(Box::new(resolved))
+                }
+            }
+        }
         (None, Some(name)) => env
             .template_base(name)
             .ok_or_else(|| SdkTemplateError::BaseTemplateNotFound(name.to_string()))?,
@@ -106,7 +155,7 @@ pub fn plan_sdk_template(
         }
         _ => return Err(SdkTemplateError::BaseChoice),
     };
-    let mut b = PlanBuilder::new(base, ExecState::sdk_start());
+    let mut b = PlanBuilder::new(base, start);
     for (i, step) in request.steps.iter().enumerate() {
         let id = (i + 1).to_string();
         let force = request.force || step.force;
@@ -368,7 +417,7 @@ mod tests {
         ));
         assert!(matches!(
             plan(r#"{"fromImage":"alpine:3"}"#),
-            Err(SdkTemplateError::Base(_))
+            Err(SdkTemplateError::Pull(_))
         ));
         assert!(matches!(
             plan(r#"{"fromTemplate":"nope"}"#),
@@ -376,7 +425,7 @@ mod tests {
         ));
         assert!(matches!(
             plan(r#"{"fromImage":"debian","fromImageRegistry":{"type":"registry"}}"#),
-            Err(SdkTemplateError::Registry)
+            Err(SdkTemplateError::Registry(_))
         ));
         assert!(matches!(
             plan(
@@ -394,5 +443,109 @@ mod tests {
         assert!(plan(r#"{"fromImage":"debian","steps":[{"type":"ENV","args":["A"]}]}"#).is_err());
         assert!(plan(r#"{"fromImage":"debian","steps":[{"type":"COPY","args":["missing","/b"],"filesHash":"abc"}]}"#).is_err());
         assert!(plan(r#"{}"#).is_ok());
+    }
+
+    /// Answers every reference with one fixed image and remembers the login it was given.
+    struct FakeRegistry {
+        seen: std::sync::Mutex<Vec<Option<RegistryCredentials>>>,
+    }
+
+    impl ImageResolver for FakeRegistry {
+        fn resolve(
+            &self,
+            image: &str,
+            credentials: Option<&RegistryCredentials>,
+        ) -> Result<crate::templates::images::registry::ResolvedImage, RegistryError> {
+            self.seen.lock().unwrap().push(credentials.cloned());
+            Ok(crate::templates::images::registry::ResolvedImage {
+                image: image.into(),
+                canonical: format!("127.0.0.1:5000/{image}"),
+                manifest_digest: format!("sha256:{}", "a".repeat(64)),
+                layers: Vec::new(),
+                config: crate::templates::images::registry::ImageRunConfig {
+                    env: vec!["PATH=/opt/bin:/bin".into(), "LANG=C.UTF-8".into()],
+                    user: Some("nobody".into()),
+                    working_dir: Some("/srv".into()),
+                    entrypoint: Vec::new(),
+                    cmd: vec!["sh".into()],
+                },
+                credentials: credentials.cloned(),
+            })
+        }
+    }
+
+    struct RegistryEnv(FakeRegistry);
+
+    impl SdkPlanEnv for RegistryEnv {
+        fn rootfs(&self) -> PathBuf {
+            PathBuf::from("/nonexistent/rootfs")
+        }
+        fn files_dir(&self, _: &str) -> Option<PathBuf> {
+            None
+        }
+        fn template_base(&self, _: &str) -> Option<BaseSource> {
+            None
+        }
+        fn images(&self) -> &dyn ImageResolver {
+            &self.0
+        }
+    }
+
+    #[test]
+    fn pulled_images_get_the_setup_step_and_their_env() {
+        let env = RegistryEnv(FakeRegistry {
+            seen: Default::default(),
+        });
+        let request: TemplateBuildStartV2 = serde_json::from_str(
+            r#"{"fromImage":"127.0.0.1:5000/private/app:1",
+                "fromImageRegistry":{"type":"registry","username":"alice","password":"pw"},
+                "steps":[{"type":"RUN","args":["echo hi"]}]}"#,
+        )
+        .unwrap();
+        let plan = plan_sdk_template(&request, None, None, &env).unwrap();
+        assert!(matches!(plan.base, BaseSource::Registry(_)));
+        assert_eq!(plan.steps[0].id, "base");
+        assert_eq!(plan.steps[0].state.user, "root");
+        // The SDK's steps run as E2B's user, with the image's PATH.
+        assert_eq!(plan.steps[1].state.user, "user");
+        assert_eq!(plan.steps[1].state.workdir, "/home/user");
+        assert_eq!(plan.final_state.env["PATH"], "/opt/bin:/bin");
+        assert_eq!(plan.final_state.env["LANG"], "C.UTF-8");
+        assert!(
+            plan.warnings.iter().any(|w| w.contains("CMD")),
+            "{:?}",
+            plan.warnings
+        );
+        let seen = env.0.seen.lock().unwrap().clone();
+        assert_eq!(seen, vec![Some(RegistryCredentials::new("alice", "pw"))]);
+        // Keys come from the manifest digest, not from the name: the fake gives both the same digest.
+        let other = plan_sdk_template(
+            &serde_json::from_str(
+                r#"{"fromImage":"fedora","steps":[{"type":"RUN","args":["echo hi"]}]}"#,
+            )
+            .unwrap(),
+            None,
+            None,
+            &env,
+        )
+        .unwrap();
+        assert_eq!(
+            other.steps[1].cache_key, plan.steps[1].cache_key,
+            "same digest, same keys"
+        );
+        for bad in [
+            r#"{"fromImage":"x","fromImageRegistry":{"type":"aws","awsAccessKeyId":"a"}}"#,
+            r#"{"fromImage":"x","fromImageRegistry":{"type":"registry","username":"a"}}"#,
+            r#"{"fromTemplate":"t","fromImageRegistry":{"type":"registry","username":"a","password":"b"}}"#,
+        ] {
+            let request: TemplateBuildStartV2 = serde_json::from_str(bad).unwrap();
+            assert!(
+                matches!(
+                    plan_sdk_template(&request, None, None, &env),
+                    Err(SdkTemplateError::Registry(_))
+                ),
+                "{bad}"
+            );
+        }
     }
 }

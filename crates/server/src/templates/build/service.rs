@@ -10,7 +10,7 @@ use warren_runtime::Runtime;
 use super::agent_commands::CommandRunner;
 use super::base_image::{default_rootfs_dir, E2B_DEFAULT_BASE_IMAGE};
 use super::context::{BuildContext, ContextError};
-use super::dockerfile_plan::{plan_dockerfile, DockerfileInput, DockerfilePlanError};
+use super::dockerfile_plan::{plan_dockerfile_with, DockerfileInput, DockerfilePlanError};
 use super::e2b_toml::{E2bToml, E2bTomlError};
 use super::job::BuildJob;
 use super::plan::{BaseSource, BuildPlan, ExecState};
@@ -18,6 +18,8 @@ use super::runner::{BuildError, BuildSettings, TemplateBuilder};
 use super::sdk_template::{plan_sdk_template, SdkPlanEnv, SdkTemplateError, TemplateBuildStartV2};
 use super::uploads::UploadStore;
 use super::versions::{BuiltTemplate, TemplateVersions, VersionError};
+use crate::templates::images::registry::RegistryClient;
+use crate::templates::images::{ImageResolver, NoRegistry};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
@@ -102,14 +104,27 @@ impl TemplateDir {
         build_args: &BTreeMap<String, String>,
         rootfs: &Path,
     ) -> Result<BuildPlan, ServiceError> {
+        self.plan_with(build_args, rootfs, &NoRegistry)
+    }
+
+    /// [`TemplateDir::plan`] with `images` resolving a `FROM` that is pulled from a registry.
+    pub fn plan_with(
+        &self,
+        build_args: &BTreeMap<String, String>,
+        rootfs: &Path,
+        images: &dyn ImageResolver,
+    ) -> Result<BuildPlan, ServiceError> {
         let context = BuildContext::open(&self.context)?;
-        Ok(plan_dockerfile(&DockerfileInput {
-            dockerfile: &self.dockerfile,
-            context: &context,
-            build_args,
-            config: &self.config,
-            rootfs,
-        })?)
+        Ok(plan_dockerfile_with(
+            &DockerfileInput {
+                dockerfile: &self.dockerfile,
+                context: &context,
+                build_args,
+                config: &self.config,
+                rootfs,
+            },
+            images,
+        )?)
     }
 }
 
@@ -123,6 +138,7 @@ pub fn default_base_plan(rootfs: &Path) -> Result<BuildPlan, ServiceError> {
         rootfs: rootfs.to_path_buf(),
         uploads: None,
         versions: None,
+        images: Arc::new(NoRegistry),
     };
     Ok(plan_sdk_template(&request, None, None, &env)?)
 }
@@ -132,11 +148,16 @@ struct LocalSdkEnv {
     rootfs: PathBuf,
     uploads: Option<UploadStore>,
     versions: Option<TemplateVersions>,
+    images: Arc<dyn ImageResolver>,
 }
 
 impl SdkPlanEnv for LocalSdkEnv {
     fn rootfs(&self) -> PathBuf {
         self.rootfs.clone()
+    }
+
+    fn images(&self) -> &dyn ImageResolver {
+        self.images.as_ref()
     }
 
     fn files_dir(&self, files_hash: &str) -> Option<PathBuf> {
@@ -179,6 +200,7 @@ pub struct BuildService {
     commands: Arc<dyn CommandRunner>,
     settings: BuildSettings,
     rootfs: PathBuf,
+    images: Arc<dyn ImageResolver>,
     jobs: Mutex<HashMap<(String, String), BuildJob>>,
 }
 
@@ -190,10 +212,13 @@ impl BuildService {
         settings: BuildSettings,
         rootfs: Option<PathBuf>,
     ) -> BuildService {
+        let images: Arc<dyn ImageResolver> =
+            Arc::new(RegistryClient::new(settings.registry.clone()));
         BuildService {
             runtime,
             commands,
             settings,
+            images,
             rootfs: rootfs.unwrap_or_else(default_rootfs_dir),
             jobs: Mutex::new(HashMap::new()),
         }
@@ -201,6 +226,11 @@ impl BuildService {
 
     pub fn rootfs(&self) -> &Path {
         &self.rootfs
+    }
+
+    /// Resolves `FROM` images that are pulled (the registries in [`BuildSettings::registry`]).
+    pub fn images(&self) -> &dyn ImageResolver {
+        self.images.as_ref()
     }
 
     pub fn uploads(&self) -> UploadStore {
@@ -222,6 +252,7 @@ impl BuildService {
             rootfs: self.rootfs.clone(),
             uploads: Some(self.uploads()),
             versions: Some(self.versions()),
+            images: Arc::clone(&self.images),
         };
         Ok(plan_sdk_template(request, cpu_count, memory_mb, &env)?)
     }
@@ -233,7 +264,7 @@ impl BuildService {
         build_args: &BTreeMap<String, String>,
     ) -> Result<(TemplateDir, BuildPlan), ServiceError> {
         let template = TemplateDir::open(dir)?;
-        let plan = template.plan(build_args, &self.rootfs)?;
+        let plan = template.plan_with(build_args, &self.rootfs, self.images.as_ref())?;
         Ok((template, plan))
     }
 
@@ -300,6 +331,39 @@ impl BuildService {
             self.settings.clone(),
         );
         builder.build(plan, template_id, build_id, job)
+    }
+
+    /// Removes cached layers (build steps and image layers) no template version uses and `in_use` (layer
+    /// directories of snapshots and sandboxes) does not name — unless a build is running, which may be
+    /// stacking layers it has not recorded yet (then None). New builds wait for the prune to finish.
+    pub fn prune_layers_if_idle(&self, in_use: &[PathBuf]) -> Result<Option<usize>, VersionError> {
+        let jobs = self.lock_jobs();
+        let running = jobs.values().any(|job| {
+            matches!(
+                job.status(),
+                super::job::BuildStatus::Waiting | super::job::BuildStatus::Building
+            )
+        });
+        if running {
+            return Ok(None);
+        }
+        let layers = super::layers::LayerStore::new(&self.settings.state_dir);
+        let keep: std::collections::BTreeSet<String> = in_use
+            .iter()
+            .filter_map(|path| {
+                let dir = path.strip_prefix(layers.root()).ok()?;
+                Some(
+                    dir.components()
+                        .next()?
+                        .as_os_str()
+                        .to_string_lossy()
+                        .into_owned(),
+                )
+            })
+            .collect();
+        let removed = self.versions().prune_layers(&layers, &keep)?;
+        drop(jobs);
+        Ok(Some(removed))
     }
 
     /// The job of a build started by this process.
@@ -378,6 +442,7 @@ mod tests {
             rootfs: PathBuf::from("/nonexistent"),
             uploads: Some(uploads),
             versions: Some(TemplateVersions::new(state.path())),
+            images: Arc::new(NoRegistry),
         };
         let plan = plan_sdk_template(&body, Some(2), Some(2048), &env).unwrap();
         let titles: Vec<&str> = plan.steps.iter().map(|s| s.title.as_str()).collect();

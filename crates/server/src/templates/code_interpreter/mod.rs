@@ -57,6 +57,8 @@ pub enum CodeInterpreterError {
     Plan(#[source] ServiceError),
     #[error("starting the code-interpreter template build: {0}")]
     Build(#[source] BuildsError),
+    #[error("the code-interpreter build's start-up thread failed: {0}")]
+    Thread(#[source] tokio::task::JoinError),
 }
 
 /// Whether `rootfs` is a finished code-interpreter rootfs.
@@ -95,9 +97,18 @@ pub async fn ensure_template(
     let plan = template
         .plan(&Default::default(), rootfs)
         .map_err(CodeInterpreterError::Plan)?;
-    builds
-        .ensure_builtin(TEMPLATE_ID, ALIASES, plan)
+    let needs_build = builds
+        .register_builtin(TEMPLATE_ID, ALIASES, &plan)
         .await
+        .map_err(CodeInterpreterError::Build)?;
+    if !needs_build {
+        return Ok(None);
+    }
+    let builds = Arc::clone(builds);
+    tokio::task::spawn_blocking(move || builds.start_builtin(TEMPLATE_ID, plan))
+        .await
+        .map_err(CodeInterpreterError::Thread)?
+        .map(Some)
         .map_err(CodeInterpreterError::Build)
 }
 
