@@ -236,6 +236,7 @@ def warren():
         assert exports["E2B_API_URL"] == f"http://127.0.0.1:{api_port}", exports
         assert exports["E2B_SANDBOX_URL"] == f"http://127.0.0.1:{proxy_port}", exports
         server = Warren(process, exports, state_dir, log_file.name)
+        _wait_for_builtin_template_build(server, deadline=time.monotonic() + BUILTIN_BUILD_WAIT_S)
         yield server
     finally:
         _kill_leftover_sandboxes(stdout_lines)
@@ -252,6 +253,44 @@ def warren():
         subprocess.run(["rm", "-rf", pki_dir], check=False)
         log_file.close()
         os.unlink(log_file.name)
+
+
+# `warren up` builds its code-interpreter template at start when that rootfs exists
+# (scripts/setup.d/45-code-interpreter-rootfs.sh). The fixture waits for that build, so its build sandbox
+# (8 GiB of disk in admission while it lives) is gone before tests create sandboxes on a tight disk.
+CODE_INTERPRETER_ROOTFS = Path(
+    os.environ.get("WARREN_CODE_INTERPRETER_ROOTFS", "/var/cache/warren/rootfs/debian12-code-interpreter")
+)
+BUILTIN_BUILD_WAIT_S = 600
+
+
+def _wait_for_builtin_template_build(server, deadline: float) -> None:
+    """Waits until the code-interpreter template is ready or failed (its tests report which)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if not (CODE_INTERPRETER_ROOTFS / ".warren-complete").is_file():
+        return
+    request = urllib.request.Request(
+        f"{server.api_url}/templates/code-interpreter-v1", headers={"X-API-Key": server.env["E2B_API_KEY"]}
+    )
+    # The server registers the template right after it starts; one that never appears was not offered
+    # (the server log says why), and there is no build to wait for.
+    registered_by = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(request, timeout=10) as response:
+                status = json.loads(response.read())["builds"][0]["status"]
+        except urllib.error.HTTPError as error:
+            if error.code != 404:
+                raise
+            if time.monotonic() > registered_by:
+                return
+            status = "missing"
+        if status not in ("missing", "waiting", "building"):
+            return
+        time.sleep(0.2)
 
 
 # What `warren up` says when the server crate was built without a runtime for this host.

@@ -102,6 +102,10 @@ pub struct UpArgs {
     /// Root filesystem of the `base` template.
     #[arg(long, env = "WARREN_BASE_ROOTFS")]
     pub base_rootfs: Option<PathBuf>,
+    /// Root filesystem of the built-in `code-interpreter` template (scripts/setup builds it into
+    /// /var/cache/warren/rootfs/debian12-code-interpreter); the server builds the template on it at start.
+    #[arg(long, env = "WARREN_CODE_INTERPRETER_ROOTFS")]
+    pub code_interpreter_rootfs: Option<PathBuf>,
     /// Hostname suffix for `Host: <port>-<id>.<domain>` routing in the proxy.
     #[arg(long, env = "WARREN_DOMAIN")]
     pub domain: Option<String>,

@@ -27,6 +27,11 @@ pub struct ServerConfig {
     pub agent_binary: Option<PathBuf>,
     /// Root filesystem of the `base` template.
     pub base_rootfs: PathBuf,
+    /// Root filesystem the built-in `code-interpreter` template builds on
+    /// (`templates::code_interpreter`). `None` (the library default): no such template; `warren up`
+    /// passes `templates::code_interpreter::DEFAULT_ROOTFS` unless told otherwise. A path without a
+    /// finished rootfs: the template is not offered and the log says why.
+    pub code_interpreter_rootfs: Option<PathBuf>,
     /// How often the scheduler looks for expired sandboxes.
     pub scheduler_interval: Duration,
     /// How often the reconciler compares the store with what runs on the host (see
@@ -132,6 +137,7 @@ impl ServerConfig {
             default_resources: DefaultResources::default(),
             agent_binary: None,
             base_rootfs: PathBuf::from(DEFAULT_BASE_ROOTFS),
+            code_interpreter_rootfs: None,
             scheduler_interval: Duration::from_secs(1),
             reconcile_interval: Duration::from_secs(30),
             supervisor_lease: Duration::from_secs(600),

@@ -152,6 +152,23 @@ impl Server {
             config.default_resources.clone(),
             config.state_dir.clone(),
         ));
+        let code_interpreter = config.code_interpreter_rootfs.clone().map(|rootfs| {
+            let builds = Arc::clone(&builds);
+            let context = config
+                .state_dir
+                .join("builtin-templates")
+                .join("code-interpreter");
+            tokio::spawn(async move {
+                match templates::code_interpreter::ensure_template(&builds, &rootfs, &context).await
+                {
+                    Ok(Some(build_id)) => {
+                        tracing::info!(%build_id, "building the code-interpreter template")
+                    }
+                    Ok(None) => tracing::info!("code-interpreter template ready (cached build)"),
+                    Err(error) => tracing::warn!(%error, "code-interpreter template not offered"),
+                }
+            })
+        });
         let app = api::router(api::AppState {
             lifecycle: Arc::clone(&lifecycle),
             metrics: Arc::clone(&metrics),
@@ -182,7 +199,10 @@ impl Server {
             lifecycle,
             reconcile: report,
             shutdown,
-            tasks: vec![proxy_task, scheduler_task],
+            tasks: [proxy_task, scheduler_task]
+                .into_iter()
+                .chain(code_interpreter)
+                .collect(),
             api_task,
         })
     }

@@ -592,6 +592,75 @@ impl TemplateBuilds {
         }
     }
 
+    /// Registers the built-in template `id` (public, the default team's) for `plan` and says whether it
+    /// needs a build: its newest version serves as it is when it was built from the same plan (same
+    /// final layer key, start and ready commands), and becomes current. Otherwise start the build with
+    /// [`TemplateBuilds::start_builtin`]; while an older version exists, that one stays current meanwhile.
+    pub async fn register_builtin(
+        &self,
+        id: &str,
+        aliases: &[&str],
+        plan: &super::build::plan::BuildPlan,
+    ) -> Result<bool, BuildsError> {
+        let latest = self.service.versions().latest(id)?;
+        let cached = latest.filter(|built| {
+            built.final_key == plan.final_key()
+                && built.start_cmd == plan.start_cmd
+                && built.ready_cmd == plan.ready_cmd
+        });
+        let existing = self.store.get_template(id).await?;
+        let now = now_millis();
+        let record = TemplateRecord {
+            id: id.to_string(),
+            aliases: aliases.iter().map(|a| a.to_string()).collect(),
+            layers: existing
+                .as_ref()
+                .map_or_else(Vec::new, |t| t.layers.clone()),
+            build_id: existing
+                .as_ref()
+                .map_or_else(String::new, |t| t.build_id.clone()),
+            status: existing
+                .as_ref()
+                .map_or_else(|| "building".to_string(), |t| t.status.clone()),
+            vcpus: plan.cpu_count.map_or(self.defaults.vcpus, f64::from),
+            memory_mib: plan.memory_mb.unwrap_or(self.defaults.memory_mib),
+            disk_mib: self.defaults.disk_mib,
+            envd_version: ENVD_VERSION.to_string(),
+            public: true,
+            team_id: crate::store::DEFAULT_TEAM.to_string(),
+            spawn_count: existing.as_ref().map_or(0, |t| t.spawn_count),
+            last_spawned_at: existing.as_ref().and_then(|t| t.last_spawned_at),
+            created_at: existing.as_ref().map_or(now, |t| t.created_at),
+            updated_at: now,
+        };
+        self.store.upsert_template(&record).await?;
+        match cached {
+            Some(built) => {
+                self.record_result(id, Some(built), &[]).await?;
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+
+    /// Starts a build of the built-in template `id` registered with [`TemplateBuilds::register_builtin`];
+    /// returns its build id. Blocking: call off the async threads.
+    pub fn start_builtin(
+        self: &Arc<Self>,
+        id: &str,
+        plan: super::build::plan::BuildPlan,
+    ) -> Result<String, BuildsError> {
+        let build_id = uuid::Uuid::new_v4().to_string();
+        let pending = PendingBuild {
+            cpu_count: plan.cpu_count,
+            memory_mb: plan.memory_mb,
+            dockerfile: None,
+            tags: Vec::new(),
+        };
+        self.launch(id, &build_id, pending, plan)?;
+        Ok(build_id)
+    }
+
     /// The SDK's status body. A requested build not started yet is `waiting`; a build of an earlier
     /// server run is known from its version record.
     pub async fn status(

@@ -2,6 +2,7 @@
 
 pub mod build;
 pub mod builds;
+pub mod code_interpreter;
 pub mod images;
 pub mod tags;
 

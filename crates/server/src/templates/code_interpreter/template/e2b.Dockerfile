@@ -1,0 +1,9 @@
+# Warren's built-in code-interpreter template. Its base is the code-interpreter rootfs
+# (scripts/setup.d/45-code-interpreter-rootfs.sh: Debian 12 + ipykernel, numpy, pandas, matplotlib),
+# which the server passes to the builder as this build's Debian base; the steps only add the server.
+FROM debian:bookworm
+COPY server.py kernel_startup.py /opt/warren/interpreter/
+COPY ipython_kernel_config.py /etc/ipython/
+ENV MPLBACKEND=module://matplotlib_inline.backend_inline
+# ipykernel's debugger warns on every kernel start that Python's frozen modules hide breakpoints.
+ENV PYDEVD_DISABLE_FILE_VALIDATION=1
