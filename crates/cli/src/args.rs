@@ -130,6 +130,17 @@ pub struct UpArgs {
         value_delimiter = ','
     )]
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
+    /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
+    /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).
+    #[arg(long, env = "WARREN_TLS", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls: bool,
+    /// Serve HTTPS with this certificate chain (PEM), e.g. one for `*.<domain>` and `api.<domain>`.
+    #[arg(long, env = "WARREN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "WARREN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where Warren keeps its database and sandboxes.

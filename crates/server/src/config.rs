@@ -44,6 +44,9 @@ pub struct ServerConfig {
     /// CA certificates (PEM files) the egress proxy trusts besides the host's trust store
     /// (`warren_runtime::LinuxRuntimeConfig::egress_upstream_ca`).
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Serve the API and the proxy over HTTPS with this certificate (`None`: plain HTTP). The proxy
+    /// then also answers as `api.<domain>` (E2B_DOMAIN mode, docs/tls.md).
+    pub tls: Option<crate::tls::TlsSource>,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -130,6 +133,7 @@ impl ServerConfig {
             no_new_privs: false,
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
+            tls: None,
         }
     }
 
