@@ -1,7 +1,7 @@
 """E2B_DOMAIN mode over HTTPS with the official SDK, and no E2B_SANDBOX_URL or E2B_API_URL.
 
-A `warren up --tls --domain warren.test` of this test's own listens with its proxy on 198.18.7.1:443, the
-host end of a veth into a network namespace of the test's own. The SDK runs inside that namespace
+A `warren up --tls --domain warren.test` of this test's own, in a network namespace of its own, listens
+with its proxy on 198.18.7.1:443, one end of a veth into a second namespace of the test's own. The SDK runs inside that namespace
 (`ip netns exec`), whose /etc/resolv.conf (bind-mounted from /etc/netns/NAME/) points at a dnsmasq the test
 starts there, answering `*.warren.test` (api.warren.test included) with 198.18.7.1. The SDK trusts
 Warren's local CA through SSL_CERT_FILE. No name is resolved by the host's resolver.
@@ -24,6 +24,10 @@ from conftest import _parse_exports, agent_binary, base_rootfs, free_port, missi
 
 DOMAIN = "warren.test"
 NS = f"wt-tls-{os.getpid()}"
+# Warren runs in a network namespace of its own too (entered with nsenter, which keeps /sys and its
+# cgroup mounts; `ip netns exec` would remount /sys), so its bridge and nft table never meet those of
+# the session's `warren up` (conftest.py) running beside it.
+SERVER_NS = f"wt-tlssrv-{os.getpid()}"
 LINK = f"wtt{os.getpid() % 100000}"
 HOST_IP = "198.18.7.1"
 NS_IP = "198.18.7.2"
@@ -57,13 +61,15 @@ def domain_net():
     if shutil.which("dnsmasq") is None:
         pytest.skip("dnsmasq is not installed (Debian package dnsmasq-base; scripts/setup installs it)")
     netns_etc = Path("/etc/netns") / NS
-    subprocess.run(["ip", "netns", "delete", NS], capture_output=True)
-    _ip("netns", "add", NS)
+    for ns in (NS, SERVER_NS):
+        subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
+        _ip("netns", "add", ns)
     dnsmasq = None
     try:
-        _ip("link", "add", LINK, "type", "veth", "peer", "name", "eth0", "netns", NS)
-        _ip("addr", "add", f"{HOST_IP}/30", "dev", LINK)
-        _ip("link", "set", LINK, "up")
+        _ip("-n", SERVER_NS, "link", "add", LINK, "type", "veth", "peer", "name", "eth0", "netns", NS)
+        _ip("-n", SERVER_NS, "addr", "add", f"{HOST_IP}/30", "dev", LINK)
+        _ip("-n", SERVER_NS, "link", "set", LINK, "up")
+        _ip("-n", SERVER_NS, "link", "set", "lo", "up")
         _ip("-n", NS, "addr", "add", f"{NS_IP}/30", "dev", "eth0")
         _ip("-n", NS, "link", "set", "eth0", "up")
         _ip("-n", NS, "link", "set", "lo", "up")
@@ -88,17 +94,21 @@ def domain_net():
         if dnsmasq is not None:
             dnsmasq.kill()
             dnsmasq.wait()
-        subprocess.run(["ip", "netns", "delete", NS], capture_output=True)
+        for ns in (NS, SERVER_NS):
+            subprocess.run(["ip", "netns", "delete", ns], capture_output=True)
         shutil.rmtree(netns_etc, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def warren_tls(domain_net):
     state_dir = tempfile.mkdtemp(prefix="wt-e2e-tls-state-")
+    # The state on a tmpfs of its own (in /tmp/privnet.sh's private mount namespace): the shared disk's
+    # free space, less admission's 5% reserve, is often too small for a sandbox layer on this machine.
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3g,mode=0700", "wt-e2e-tls", state_dir], check=True)
     log = tempfile.NamedTemporaryFile(prefix="wt-e2e-tls-", suffix=".log", delete=False)
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
     process = subprocess.Popen(
-        [str(warren_binary()), "up", "--tls", "--domain", DOMAIN,
+        ["nsenter", f"--net=/run/netns/{SERVER_NS}", str(warren_binary()), "up", "--tls", "--domain", DOMAIN,
          "--listen", f"127.0.0.1:{free_port()}", "--proxy-listen", f"{HOST_IP}:443",
          # Small layers: admission keeps a 5% reserve of the (shared) state disk free.
          "--sandbox-disk-mib", "256", "--state-dir", state_dir, "--agent", str(agent_binary()), "--base-rootfs", str(base_rootfs())],
@@ -117,7 +127,7 @@ def warren_tls(domain_net):
     try:
         assert seen.wait(120), f"no export lines: {lines!r}\n{Path(log.name).read_text(errors='replace')}"
         exports = _parse_exports(lines)
-        yield exports, "".join(lines), state_dir
+        yield exports, "".join(lines), state_dir, log.name
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -125,6 +135,7 @@ def warren_tls(domain_net):
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+        subprocess.run(["umount", "--lazy", state_dir], check=False)
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
         log.close()
         os.unlink(log.name)
@@ -138,7 +149,7 @@ def _in_namespace(env, script, timeout=180):
 
 
 def test_sdk_in_domain_mode_over_https(warren_tls):
-    exports, printed, state_dir = warren_tls
+    exports, printed, state_dir, log_path = warren_tls
     assert exports["E2B_DOMAIN"] == DOMAIN, printed
     assert "E2B_SANDBOX_URL" not in exports and "E2B_API_URL" not in exports, printed
     ca = exports["SSL_CERT_FILE"]
@@ -157,7 +168,7 @@ def test_sdk_in_domain_mode_over_https(warren_tls):
             "    except Exception: time.sleep(0.2)\n"
             "else: raise SystemExit('api.warren.test never answered')\n")
     ready = _in_namespace(env, wait)
-    assert ready.returncode == 0, ready.stderr
+    assert ready.returncode == 0, ready.stderr + Path(log_path).read_text(errors="replace")[-3000:]
 
     run = _in_namespace(env, SDK_SCRIPT)
     assert run.returncode == 0, run.stderr[-4000:]
