@@ -50,7 +50,7 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Start the Warren server (REST API + sandbox proxy) in the foreground.
-    Up(UpArgs),
+    Up(Box<UpArgs>),
     /// Create, inspect and control sandboxes.
     #[command(subcommand, visible_alias = "sbx")]
     Sandbox(SandboxCommand),
@@ -158,6 +158,17 @@ pub struct UpArgs {
     /// naming the step it was in.
     #[arg(long, env = "WARREN_BUILD_TIMEOUT_SECS", default_value_t = 3600)]
     pub build_timeout_secs: u64,
+    /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
+    /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
+    /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).
+    #[arg(long, env = "WARREN_TLS", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls: bool,
+    /// Serve HTTPS with this certificate chain (PEM), e.g. one for `*.<domain>` and `api.<domain>`.
+    #[arg(long, env = "WARREN_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "WARREN_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
 }
 
 /// Where Warren keeps its database and sandboxes.

@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub egress_upstream_ca: Vec<PathBuf>,
     /// How long a template build may take before it is stopped and fails.
     pub build_timeout: Duration,
+    /// Serve the API and the proxy over HTTPS with this certificate (`None`: plain HTTP). The proxy
+    /// then also answers as `api.<domain>` (E2B_DOMAIN mode, docs/tls.md).
+    pub tls: Option<crate::tls::TlsSource>,
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -148,6 +151,7 @@ impl ServerConfig {
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
             build_timeout: Duration::from_secs(3600),
+            tls: None,
         }
     }
 

@@ -8,11 +8,13 @@ pub mod api;
 pub mod config;
 pub mod keys;
 pub mod lifecycle;
+pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod runtime_host;
 pub mod store;
 pub mod templates;
+pub mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,12 +55,17 @@ pub enum ServeError {
     },
     #[error("API server failed")]
     Http(#[source] std::io::Error),
+    #[error("cannot set up TLS")]
+    Tls(#[source] tls::TlsError),
 }
 
 /// Open the store in `state_dir` (for the CLI's key commands).
 pub async fn open_store(state_dir: &std::path::Path) -> Result<Arc<dyn Store>, store::StoreError> {
     Ok(Arc::new(SqliteStore::open_in(state_dir).await?))
 }
+
+/// How long a stop waits for in-flight API requests.
+const API_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A running server.
 pub struct Server {
@@ -68,7 +75,6 @@ pub struct Server {
     pub reconcile: ReconcileReport,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    api_task: JoinHandle<Result<(), std::io::Error>>,
 }
 
 impl Server {
@@ -120,6 +126,18 @@ impl Server {
             })?;
         let api_addr = api_listener.local_addr().map_err(ServeError::Http)?;
         let proxy_addr = proxy_listener.local_addr().map_err(ServeError::Http)?;
+        let tls = match &config.tls {
+            Some(source) => Some(
+                tls::acceptor(
+                    source,
+                    &config.state_dir,
+                    &config.domain,
+                    &[api_addr, proxy_addr],
+                )
+                .map_err(ServeError::Tls)?,
+            ),
+            None => None,
+        };
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         // Builds of an earlier run that never finished cannot resume: fail them with a reason.
@@ -174,19 +192,34 @@ impl Server {
             metrics: Arc::clone(&metrics),
             builds,
         });
-        let mut api_shutdown = shutdown_rx.clone();
-        let api_task = tokio::spawn(async move {
-            axum::serve(api_listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = api_shutdown.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        // With TLS the proxy's port also answers as `api.<domain>`: E2B_DOMAIN mode, where the SDK
+        // reaches the API and the sandboxes on one HTTPS port.
+        let api_on_proxy = tls
+            .as_ref()
+            .map(|_| proxy::ApiOnHost::new(format!("api.{}", config.domain), app.clone()));
+        let api_service = hyper_util::service::TowerToHyperService::new(app);
+        let api_task = tokio::spawn(listener::serve(
+            api_listener,
+            tls.clone(),
+            move |request| {
+                let response = hyper::service::Service::call(&api_service, request);
+                async move {
+                    match response.await {
+                        Ok(response) => response,
+                        Err(never) => match never {},
+                    }
+                }
+            },
+            shutdown_rx.clone(),
+            Some(API_DRAIN_TIMEOUT),
+            "api",
+        ));
         let proxy = Arc::new(proxy::Proxy::new(
             Arc::clone(&lifecycle),
             Arc::clone(&metrics),
         ));
-        let proxy_task = tokio::spawn(proxy.run(proxy_listener, shutdown_rx.clone()));
+        let proxy_task =
+            tokio::spawn(proxy.run(proxy_listener, tls, api_on_proxy, shutdown_rx.clone()));
         let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
             Arc::clone(&lifecycle),
             config.scheduler_interval,
@@ -199,11 +232,10 @@ impl Server {
             lifecycle,
             reconcile: report,
             shutdown,
-            tasks: [proxy_task, scheduler_task]
+            tasks: [api_task, proxy_task, scheduler_task]
                 .into_iter()
                 .chain(code_interpreter)
                 .collect(),
-            api_task,
         })
     }
 
@@ -214,10 +246,7 @@ impl Server {
         for task in self.tasks {
             let _ = task.await;
         }
-        match self.api_task.await {
-            Ok(result) => result.map_err(ServeError::Http),
-            Err(_) => Ok(()),
-        }
+        Ok(())
     }
 }
 

@@ -53,7 +53,7 @@ impl CommandError {
 pub async fn run(cli: Cli) -> Result<i32, CommandError> {
     let global = cli.global;
     match cli.command {
-        Command::Up(args) => up::run(&global, args).await,
+        Command::Up(args) => up::run(&global, *args).await,
         Command::Sandbox(command) => sandbox::run(&global, command).await,
         Command::Template(command) => template::run(&global, command).await,
         Command::Key(command) => key::run(&global, command).await,

@@ -5,6 +5,7 @@ use std::io::IsTerminal;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 
+use warren_server::tls::{LocalCaFiles, TlsSource};
 use warren_server::ServerConfig;
 
 use super::key::{self, KeyError};
@@ -20,6 +21,8 @@ const FIRST_KEY_NAME: &str = "default";
 pub enum UpError {
     #[error("cannot prepare the first API key")]
     FirstKey(#[source] KeyError),
+    #[error("cannot make the local TLS CA")]
+    LocalCa(#[source] warren_server::tls::TlsError),
     #[error("the server stopped with an error")]
     Serve(#[source] warren_server::ServeError),
 }
@@ -36,13 +39,36 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
         .map(|raw| parse_resolver(raw))
         .collect::<Result<_, _>>()?;
 
+    config.tls = tls_source(&args);
+    let local_ca = match config.tls {
+        Some(TlsSource::LocalCa) => {
+            Some(warren_server::tls::ensure_local_ca(&state_dir).map_err(UpError::LocalCa)?)
+        }
+        _ => None,
+    };
+
     let first_key = ensure_first_key(&state_dir)
         .await
         .map_err(UpError::FirstKey)?;
-    print!(
-        "{}",
-        export_lines(api_listen, proxy_listen, first_key.as_deref())
-    );
+    let scheme = match config.tls {
+        Some(_) => Scheme::Https,
+        None => Scheme::Http,
+    };
+    let mode = match (&config.tls, &args.domain) {
+        (Some(_), Some(domain)) => Exports::Domain {
+            domain: domain.clone(),
+            proxy_port: proxy_listen.port(),
+        },
+        _ => Exports::Urls {
+            api: api_listen,
+            proxy: proxy_listen,
+            scheme,
+        },
+    };
+    print!("{}", export_lines(&mode, first_key.as_deref()));
+    if let Some(ca) = &local_ca {
+        print!("{}", trust_lines(ca));
+    }
     tracing::info!(state_dir = %state_dir.display(), "starting warren");
 
     warren_server::serve(config).await.map_err(UpError::Serve)?;
@@ -125,13 +151,59 @@ async fn ensure_first_key(state_dir: &std::path::Path) -> Result<Option<String>,
     Ok(Some(created.secret))
 }
 
+/// `--tls` or `--tls-cert`/`--tls-key` (clap makes them exclusive and the pair go together).
+fn tls_source(args: &UpArgs) -> Option<TlsSource> {
+    match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsSource::Files {
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        _ if args.tls => Some(TlsSource::LocalCa),
+        _ => None,
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Scheme {
+    Http,
+    Https,
+}
+
+/// How a client finds the API and the sandboxes.
+#[derive(Debug, Clone, PartialEq)]
+enum Exports {
+    /// `E2B_API_URL` and `E2B_SANDBOX_URL` at the listen addresses.
+    Urls {
+        api: SocketAddr,
+        proxy: SocketAddr,
+        scheme: Scheme,
+    },
+    /// E2B_DOMAIN mode: the SDK builds `https://api.<domain>` and `https://<port>-<id>.<domain>`.
+    Domain { domain: String, proxy_port: u16 },
+}
+
 /// What a client should `export`; a listener on all interfaces is reached at 127.0.0.1 from here.
-fn export_lines(api: SocketAddr, proxy: SocketAddr, first_key: Option<&str>) -> String {
-    let mut out = format!(
-        "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\n",
-        local_url(api),
-        local_url(proxy)
-    );
+fn export_lines(mode: &Exports, first_key: Option<&str>) -> String {
+    let mut out = match mode {
+        Exports::Urls { api, proxy, scheme } => format!(
+            "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\n",
+            local_url(*api, *scheme),
+            local_url(*proxy, *scheme)
+        ),
+        Exports::Domain { domain, proxy_port } => {
+            let mut out = format!("export E2B_DOMAIN={domain}\n");
+            if *proxy_port != 443 {
+                out.push_str(&format!(
+                    "# the SDK reaches https://api.{domain} and https://<port>-<id>.{domain} on port 443: \
+                     run with --proxy-listen <ip>:443 (this proxy listens on {proxy_port})\n"
+                ));
+            }
+            out.push_str(&format!(
+                "# DNS: api.{domain} and *.{domain} must resolve to this host (docs/tls.md)\n"
+            ));
+            out
+        }
+    };
     match first_key {
         Some(secret) => out.push_str(&format!("export E2B_API_KEY={secret}\n")),
         None => out.push_str(
@@ -141,13 +213,30 @@ fn export_lines(api: SocketAddr, proxy: SocketAddr, first_key: Option<&str>) -> 
     out
 }
 
-fn local_url(addr: SocketAddr) -> String {
+/// Where the local CA is and how the SDKs trust it.
+fn trust_lines(ca: &LocalCaFiles) -> String {
+    let path = ca.cert.display();
+    let made = if ca.created { "made now" } else { "kept" };
+    format!(
+        "# TLS: certificate signed by Warren's local CA ({made}): {path}\n\
+         # trust it: SSL_CERT_FILE for the Python SDK (replaces the system bundle; see docs/tls.md),\n\
+         # NODE_EXTRA_CA_CERTS for the JS SDK, REQUESTS_CA_BUNDLE for requests, curl --cacert\n\
+         export SSL_CERT_FILE={path}\n\
+         export NODE_EXTRA_CA_CERTS={path}\n"
+    )
+}
+
+fn local_url(addr: SocketAddr, scheme: Scheme) -> String {
     let ip = match addr.ip() {
         IpAddr::V4(v4) if v4.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(v6) if v6.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         ip => ip,
     };
-    format!("http://{}", SocketAddr::new(ip, addr.port()))
+    let scheme = match scheme {
+        Scheme::Http => "http",
+        Scheme::Https => "https",
+    };
+    format!("{scheme}://{}", SocketAddr::new(ip, addr.port()))
 }
 
 /// The default log filter: `info`, except the netlink message parser, which warns on every veth
@@ -174,11 +263,16 @@ mod tests {
     fn exports_point_at_loopback_and_carry_a_new_key() {
         let api: SocketAddr = "0.0.0.0:3000".parse().expect("addr");
         let proxy: SocketAddr = "127.0.0.1:3001".parse().expect("addr");
+        let plain = Exports::Urls {
+            api,
+            proxy,
+            scheme: Scheme::Http,
+        };
         assert_eq!(
-            export_lines(api, proxy, Some("e2b_x")),
+            export_lines(&plain, Some("e2b_x")),
             "export E2B_API_URL=http://127.0.0.1:3000\nexport E2B_SANDBOX_URL=http://127.0.0.1:3001\nexport E2B_API_KEY=e2b_x\n"
         );
-        let without = export_lines(api, proxy, None);
+        let without = export_lines(&plain, None);
         assert!(
             without
                 .lines()
@@ -188,7 +282,51 @@ mod tests {
             "{without}"
         );
         let v6: SocketAddr = "[::1]:9".parse().expect("addr");
-        assert_eq!(local_url(v6), "http://[::1]:9");
+        assert_eq!(local_url(v6, Scheme::Http), "http://[::1]:9");
+        let https = Exports::Urls {
+            api,
+            proxy,
+            scheme: Scheme::Https,
+        };
+        assert!(export_lines(&https, None)
+            .starts_with("export E2B_API_URL=https://127.0.0.1:3000\nexport E2B_SANDBOX_URL=https://127.0.0.1:3001\n"));
+    }
+
+    #[test]
+    fn domain_mode_exports_the_domain_and_no_urls() {
+        let on_443 = export_lines(
+            &Exports::Domain {
+                domain: "warren.test".into(),
+                proxy_port: 443,
+            },
+            Some("e2b_x"),
+        );
+        assert!(
+            on_443.starts_with("export E2B_DOMAIN=warren.test\n"),
+            "{on_443}"
+        );
+        assert!(!on_443.contains("E2B_SANDBOX_URL") && !on_443.contains("E2B_API_URL"));
+        assert!(!on_443.contains("port 443"), "{on_443}");
+        let elsewhere = export_lines(
+            &Exports::Domain {
+                domain: "warren.test".into(),
+                proxy_port: 3001,
+            },
+            None,
+        );
+        assert!(elsewhere.contains("--proxy-listen <ip>:443"), "{elsewhere}");
+    }
+
+    #[test]
+    fn trust_lines_name_the_ca_file() {
+        let lines = trust_lines(&LocalCaFiles {
+            cert: "/var/lib/warren/tls/ca.crt".into(),
+            key: "/var/lib/warren/tls/ca.key".into(),
+            created: true,
+        });
+        assert!(lines.contains("export SSL_CERT_FILE=/var/lib/warren/tls/ca.crt\n"));
+        assert!(lines.contains("export NODE_EXTRA_CA_CERTS=/var/lib/warren/tls/ca.crt\n"));
+        assert!(!lines.contains("ca.key"), "{lines}");
     }
 
     #[test]

@@ -6,7 +6,6 @@
 mod signed_url;
 pub mod target;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,8 +19,10 @@ use hyper::{Request, Response, StatusCode, Version};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
 use warren_proto::envd::ENVD_PORT;
 
 use crate::lifecycle::{Lifecycle, RouteError};
@@ -100,37 +101,28 @@ impl Proxy {
         }
     }
 
-    /// Accept connections until `shutdown` turns true.
-    pub async fn run(self: Arc<Self>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
-        loop {
-            let accepted = tokio::select! {
-                accepted = listener.accept() => accepted,
-                _ = shutdown.changed() => return,
-            };
-            let (stream, peer) = match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "proxy accept failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                    continue;
-                }
-            };
-            let _ = stream.set_nodelay(true);
+    /// Accept connections until `shutdown` turns true; with `tls`, over HTTPS. With `api`, requests
+    /// for its host name go to the REST API instead (E2B_DOMAIN mode: `api.<domain>` and
+    /// `<port>-<id>.<domain>` on one HTTPS port).
+    pub async fn run(
+        self: Arc<Self>,
+        listener: TcpListener,
+        tls: Option<TlsAcceptor>,
+        api: Option<ApiOnHost>,
+        shutdown: watch::Receiver<bool>,
+    ) {
+        let api = api.map(Arc::new);
+        let service = move |request: Request<Incoming>| {
             let proxy = Arc::clone(&self);
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request| {
-                    let proxy = Arc::clone(&proxy);
-                    async move { Ok::<_, Infallible>(proxy.handle(request).await) }
-                });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                if let Err(error) = builder
-                    .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                    .await
-                {
-                    tracing::debug!(%peer, %error, "proxy connection ended with an error");
+            let api = api.clone();
+            async move {
+                match api {
+                    Some(api) if api.is_for(&request) => api.call(request).await,
+                    _ => proxy.handle(request).await.map(axum::body::Body::new),
                 }
-            });
-        }
+            }
+        };
+        crate::listener::serve(listener, tls, service, shutdown, None, "proxy").await;
     }
 
     pub async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
@@ -335,6 +327,43 @@ impl Proxy {
         }
         let (parts, body) = response.into_parts();
         Response::from_parts(parts, body.boxed())
+    }
+}
+
+/// The REST API answering on the proxy's listener under one host name (`api.<domain>`).
+pub struct ApiOnHost {
+    host: String,
+    router: TowerToHyperService<axum::Router>,
+}
+
+impl ApiOnHost {
+    pub fn new(host: String, router: axum::Router) -> Self {
+        ApiOnHost {
+            host: host.to_ascii_lowercase(),
+            router: TowerToHyperService::new(router),
+        }
+    }
+
+    /// Whether the request's host (Host header, or the authority of an HTTP/2 request) is the API's.
+    fn is_for(&self, request: &Request<Incoming>) -> bool {
+        let host = request
+            .headers()
+            .get(HOST)
+            .and_then(|value| value.to_str().ok())
+            .or_else(|| {
+                request
+                    .uri()
+                    .authority()
+                    .map(|authority| authority.as_str())
+            });
+        host.is_some_and(|host| target::without_port(host).eq_ignore_ascii_case(&self.host))
+    }
+
+    async fn call(&self, request: Request<Incoming>) -> Response<axum::body::Body> {
+        match hyper::service::Service::call(&self.router, request).await {
+            Ok(response) => response,
+            Err(never) => match never {},
+        }
     }
 }
 

@@ -32,15 +32,20 @@ fn parse_port(port: &str) -> Result<u16, TargetError> {
     }
 }
 
-/// From `<port>-<id>.<anything>` (the host's first label); `None` when the host is not of that shape.
-fn from_host(host: &str) -> Option<Result<Target, TargetError>> {
-    let host = host.rsplit_once(':').map_or(host, |(name, port)| {
+/// `name` of `name:port` (a host name with a trailing `:digits`); the host itself otherwise.
+pub fn without_port(host: &str) -> &str {
+    host.rsplit_once(':').map_or(host, |(name, port)| {
         if port.bytes().all(|b| b.is_ascii_digit()) {
             name
         } else {
             host
         }
-    });
+    })
+}
+
+/// From `<port>-<id>.<anything>` (the host's first label); `None` when the host is not of that shape.
+fn from_host(host: &str) -> Option<Result<Target, TargetError>> {
+    let host = without_port(host);
     let (label, _domain) = host.split_once('.')?;
     let (port, id) = label.split_once('-')?;
     if port.is_empty() || !port.bytes().all(|b| b.is_ascii_digit()) {
