@@ -127,11 +127,17 @@ pub fn spec(id: &str, layers: Vec<PathBuf>, resources: Resources) -> SandboxSpec
 pub fn exec(sandbox: &Sandbox, command: &str) -> (String, i32) {
     let mut stream = TcpStream::connect_timeout(&sandbox.agent_addr(), Duration::from_secs(5))
         .expect("connect agent");
+    // A command that never answers is a failure to report, not a suite that hangs.
+    stream
+        .set_read_timeout(Some(Duration::from_secs(180)))
+        .expect("read timeout");
     stream
         .write_all(format!("{command}\n").as_bytes())
         .expect("send command");
     let mut output = String::new();
-    stream.read_to_string(&mut output).expect("read output");
+    stream
+        .read_to_string(&mut output)
+        .unwrap_or_else(|e| panic!("no answer from `{command}` in {}: {e}", sandbox.id));
     let (body, code) = output.rsplit_once("\nEXIT ").expect("exit line");
     (body.to_string(), code.trim().parse().expect("exit code"))
 }
