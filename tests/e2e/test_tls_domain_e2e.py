@@ -111,7 +111,10 @@ def warren_tls(domain_net):
         ["nsenter", f"--net=/run/netns/{SERVER_NS}", str(warren_binary()), "up", "--tls", "--domain", DOMAIN,
          "--listen", f"127.0.0.1:{free_port()}", "--proxy-listen", f"{HOST_IP}:443",
          # Small layers: admission keeps a 5% reserve of the (shared) state disk free.
-         "--sandbox-disk-mib", "256", "--state-dir", state_dir, "--agent", str(agent_binary()), "--base-rootfs", str(base_rootfs())],
+         "--sandbox-disk-mib", "256",
+         # No built-in code-interpreter build at start: its build sandbox's 8 GiB sparse disk would count
+         # as promised space on this small tmpfs and leave the test's sandbox none.
+         "--no-code-interpreter", "--state-dir", state_dir, "--agent", str(agent_binary()), "--base-rootfs", str(base_rootfs())],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env,
     )
     lines = []

@@ -106,6 +106,9 @@ pub struct UpArgs {
     /// /var/cache/warren/rootfs/debian12-code-interpreter); the server builds the template on it at start.
     #[arg(long, env = "WARREN_CODE_INTERPRETER_ROOTFS")]
     pub code_interpreter_rootfs: Option<PathBuf>,
+    /// Do not offer the built-in `code-interpreter` template (no build at start, no build sandbox).
+    #[arg(long, conflicts_with = "code_interpreter_rootfs")]
+    pub no_code_interpreter: bool,
     /// Hostname suffix for `Host: <port>-<id>.<domain>` routing in the proxy.
     #[arg(long, env = "WARREN_DOMAIN")]
     pub domain: Option<String>,

@@ -88,10 +88,11 @@ fn server_config(
     if let Some(rootfs) = &args.base_rootfs {
         config.base_rootfs = rootfs.clone();
     }
-    config.code_interpreter_rootfs =
-        Some(args.code_interpreter_rootfs.clone().unwrap_or_else(|| {
+    config.code_interpreter_rootfs = (!args.no_code_interpreter).then(|| {
+        args.code_interpreter_rootfs.clone().unwrap_or_else(|| {
             PathBuf::from(warren_server::templates::code_interpreter::DEFAULT_ROOTFS)
-        }));
+        })
+    });
     if let Some(domain) = &args.domain {
         config.domain = domain.clone();
     }
