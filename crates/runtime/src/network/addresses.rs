@@ -64,6 +64,15 @@ impl AddressPool {
                 Ok(true)
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                // Taking over is check-then-write: under one host-wide lock, so two runtimes that
+                // both find the same stale claim cannot both take it (the first one's write makes
+                // the claim fresh for the second).
+                let lock =
+                    std::fs::File::create(self.claims.join(".lock")).map_err(self.store_err())?;
+                // SAFETY: flock on an fd we own; released when `lock` is closed.
+                if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX) } != 0 {
+                    return Err(self.store_err()(std::io::Error::last_os_error()));
+                }
                 let age = path
                     .metadata()
                     .and_then(|m| m.modified())
@@ -275,6 +284,54 @@ mod tests {
         assert_ne!(a, b);
         one.release(a, "x").unwrap();
         assert_eq!(two.allocate("y").unwrap(), a);
+        std::fs::remove_dir_all(&base).unwrap();
+    }
+
+    #[test]
+    fn a_stale_claim_is_taken_over_by_one_pool_only() {
+        // A /30 has one address besides the gateway: both pools want the same stale claim at once.
+        let base = std::env::temp_dir().join(format!("wt-leases-stale-{}", std::process::id()));
+        let claims = base.join("claims");
+        let gateway = Ipv4Addr::new(10, 80, 0, 1);
+        let ip = Ipv4Addr::new(10, 80, 0, 2);
+        for round in 0..40 {
+            std::fs::create_dir_all(&claims).unwrap();
+            let stale = std::fs::File::create(claims.join(ip.to_string())).unwrap();
+            stale
+                .set_modified(std::time::SystemTime::now() - 2 * STALE_CLAIM)
+                .unwrap();
+            let pools: Vec<AddressPool> = ["one", "two"]
+                .iter()
+                .map(|name| {
+                    AddressPool::with_claims(
+                        &base.join(format!("{round}-{name}")),
+                        claims.clone(),
+                        gateway,
+                        30,
+                    )
+                })
+                .collect();
+            let barrier = std::sync::Barrier::new(2);
+            let results: Vec<bool> = std::thread::scope(|scope| {
+                let handles: Vec<_> = pools
+                    .iter()
+                    .map(|pool| {
+                        let barrier = &barrier;
+                        scope.spawn(move || {
+                            barrier.wait();
+                            pool.allocate("x").is_ok()
+                        })
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            assert_eq!(
+                results.iter().filter(|ok| **ok).count(),
+                1,
+                "round {round}: {results:?}"
+            );
+            std::fs::remove_dir_all(&claims).unwrap();
+        }
         std::fs::remove_dir_all(&base).unwrap();
     }
 
