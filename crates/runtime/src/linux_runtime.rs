@@ -302,14 +302,13 @@ impl LinuxRuntime {
                 internal(format!("admit sandbox {} to the firewall", spec.id)),
             )?;
         self.egress_proxy.set_rules(ip, &spec.network.egress);
-        let overlay_options =
-            sandbox_mounts::overlay_options(&spec.layers, &disk.upper(), &disk.work())
-                .map_err(internal("build the overlay options"))?;
+        let overlay = sandbox_mounts::OverlayPlan::new(&spec.layers, &disk.upper(), &disk.work())
+            .map_err(internal("plan the overlay"))?;
         let supervisor_config = SupervisorConfig {
             id: spec.id.clone(),
             sandbox_dir: dir.to_path_buf(),
             rootfs,
-            overlay_options,
+            overlay,
             agent_binary: self.config.agent_binary.clone(),
             cgroup_procs: cgroup.procs_files(),
             netns_pin: dir.join("netns"),

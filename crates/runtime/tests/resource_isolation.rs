@@ -92,8 +92,41 @@ fn assert_cgroup_root_only(sandbox: &Sandbox) {
     }
 }
 
+/// The root overlay's options name the staging names Warren mounts it from, never the host's
+/// template layers or the writable layer's directory, and no mount inside names the state dir or the
+/// base rootfs (the overlay's options are where they used to show).
+fn assert_mountinfo_names_no_host_path(sandbox: &Sandbox, host_paths: &[&std::path::Path]) {
+    let (inside, code) = common::exec(sandbox, "cat /proc/self/mountinfo");
+    assert_eq!(code, 0, "{inside}");
+    let root = inside
+        .lines()
+        .find(|line| line.split(' ').nth(4) == Some("/"))
+        .unwrap_or_else(|| panic!("no root mount in {inside}"));
+    let options = root.rsplit(' ').next().unwrap_or_default();
+    for key in ["lowerdir=", "upperdir=", "workdir="] {
+        let value = options
+            .split(',')
+            .find_map(|o| o.strip_prefix(key))
+            .unwrap_or_else(|| panic!("no {key} in the root overlay's options: {root}"));
+        let staged = if key == "lowerdir=" {
+            value.chars().all(|c| c.is_ascii_digit() || c == ':')
+        } else {
+            value.starts_with("d/") && !value[2..].contains('/')
+        };
+        assert!(staged, "{key}{value} is not a staging name: {root}");
+    }
+    for path in host_paths {
+        let text = path.to_string_lossy();
+        assert!(
+            !inside.contains(text.as_ref()),
+            "mountinfo inside {} names {text}:\n{inside}",
+            sandbox.id
+        );
+    }
+}
+
 #[test]
-fn proc_self_cgroup_shows_no_host_path() {
+fn proc_self_cgroup_and_mountinfo_show_no_host_path() {
     let Some(base) = common::base_rootfs() else {
         return;
     };
@@ -102,6 +135,9 @@ fn proc_self_cgroup_shows_no_host_path() {
     let _cleanup = common::DestroyOnDrop(&runtime, ids.clone());
     let sandbox = create(&runtime, &ids[0], &base);
     assert_cgroup_root_only(&sandbox);
+    let state_dir = runtime.config().state_dir.clone();
+    let host_paths = [state_dir.as_path(), base.as_path()];
+    assert_mountinfo_names_no_host_path(&sandbox, &host_paths);
     if !runtime.capabilities().checkpoint {
         println!("SKIP: CRIU does not work on this host; the restored half is not checked");
         return;
@@ -119,6 +155,7 @@ fn proc_self_cgroup_shows_no_host_path() {
         .expect("restore");
     let _ = std::fs::remove_dir_all(&fork_point);
     assert_cgroup_root_only(&fork);
+    assert_mountinfo_names_no_host_path(&fork, &host_paths);
 }
 
 #[test]

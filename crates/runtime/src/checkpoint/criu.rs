@@ -53,7 +53,7 @@ pub struct RestoreArgs<'a> {
     pub pidfile: &'a Path,
     /// Empty directory the overlay is mounted on, in CRIU's private mount namespace.
     pub rootfs: &'a Path,
-    pub overlay_options: &'a str,
+    pub overlay: &'a crate::rootfs::sandbox_mounts::OverlayPlan,
     pub agent_binary: &'a Path,
     /// The new, wired network namespace (an open fd of its pin file).
     pub netns: &'a OwnedFd,
@@ -228,12 +228,11 @@ impl Criu {
             .map(|p| std::ffi::CString::new(p.as_os_str().as_encoded_bytes()))
             .collect::<Result<_, _>>()
             .map_err(|_| CheckpointError::Invalid("cgroup path with a NUL byte".into()))?;
-        let rootfs = std::ffi::CString::new(args.rootfs.as_os_str().as_encoded_bytes())
-            .map_err(|_| CheckpointError::Invalid("rootfs path with a NUL byte".into()))?;
-        let options = std::ffi::CString::new(args.overlay_options)
-            .map_err(|_| CheckpointError::Invalid("overlay options with a NUL byte".into()))?;
+        let overlay =
+            crate::rootfs::sandbox_mounts::PreparedOverlay::new(args.rootfs, args.overlay)
+                .map_err(|e| CheckpointError::Invalid(format!("overlay: {e}")))?;
         // SAFETY: between fork and exec the closure only calls async-signal-safe functions (dup2, fcntl,
-        // open, write, close, unshare, mount, getpid) on data prepared before the fork; it allocates nothing
+        // open, write, close, unshare, mount, mkdir, chdir, getpid) on data prepared before the fork; it allocates nothing
         // (the pid is formatted into a stack buffer).
         unsafe {
             command.pre_exec(move || {
@@ -272,18 +271,7 @@ impl Criu {
                 {
                     return Err(std::io::Error::last_os_error());
                 }
-                let overlay = c"overlay";
-                if libc::mount(
-                    overlay.as_ptr(),
-                    rootfs.as_ptr(),
-                    overlay.as_ptr(),
-                    libc::MS_NODEV,
-                    options.as_ptr().cast(),
-                ) != 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
+                overlay.mount()
             });
         }
         run(command, "restore", args.log)?;

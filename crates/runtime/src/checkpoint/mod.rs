@@ -74,8 +74,8 @@ pub struct RestoreTarget<'a> {
     pub ip: Ipv4Addr,
     /// Empty directory the overlay is mounted on, inside CRIU's private mount namespace.
     pub rootfs: &'a Path,
-    /// Mounts the overlay whose upper dir holds the checkpoint's layer (see [`prepare_layer`]).
-    pub overlay_options: &'a str,
+    /// The overlay whose upper dir holds the checkpoint's layer (see [`prepare_layer`]).
+    pub overlay: &'a crate::rootfs::sandbox_mounts::OverlayPlan,
     pub agent_binary: &'a Path,
     /// Pin file of the new network namespace, already wired (veth, address, routes).
     pub netns_pin: &'a Path,
@@ -325,7 +325,7 @@ impl Checkpointer {
             log: &target.work_dir.join("restore.log"),
             pidfile: &pidfile,
             rootfs: target.rootfs,
-            overlay_options: target.overlay_options,
+            overlay: target.overlay,
             agent_binary: target.agent_binary,
             netns: &netns,
             cgroup_procs: target.cgroup_procs,

@@ -35,8 +35,10 @@ pub enum MountError {
         #[source]
         source: nix::Error,
     },
-    #[error("layer path {0} contains ':' or ',' which overlayfs options cannot carry")]
+    #[error("layer path {0} has no name or holds a NUL byte")]
     BadLayerPath(PathBuf),
+    #[error("the writable layer's {upper} and {work} must be siblings on one mount")]
+    SplitWritableLayer { upper: PathBuf, work: PathBuf },
 }
 
 fn mount_err(what: &str, target: &Path) -> impl FnOnce(nix::Error) -> MountError {
@@ -53,28 +55,153 @@ fn prepare_err(path: &Path) -> impl FnOnce(std::io::Error) -> MountError {
     move |source| MountError::Prepare { path, source }
 }
 
-/// The overlay mount options for `layers` (top-most first) over `upper`/`work`.
-pub fn overlay_options(
-    layers: &[PathBuf],
-    upper: &Path,
-    work: &Path,
-) -> Result<String, MountError> {
-    for path in layers.iter().map(PathBuf::as_path).chain([upper, work]) {
-        let text = path.to_string_lossy();
-        if text.contains(':') || text.contains(',') {
-            return Err(MountError::BadLayerPath(path.to_path_buf()));
+/// How a sandbox's root overlay is put together: its read-only layers (top-most first) and the
+/// writable layer's `upper` and `work` directories, which overlayfs needs on one mount (siblings).
+///
+/// The overlay's options are what `/proc/self/mountinfo` shows inside the sandbox, so they never name
+/// a host path: [`PreparedOverlay::mount`] first mounts a small tmpfs on the rootfs mount point, binds
+/// each layer there under a short name (`0`, `1`, ...; the writable layer's directory as `d`), and
+/// mounts the overlay on top of that tmpfs with options relative to it
+/// (`lowerdir=0:1,upperdir=d/upper,workdir=d/work`). The tmpfs and its binds stay behind in the host's
+/// tree, which the sandbox's init detaches at its `pivot_root` (overlayfs keeps private clones of its
+/// layers' mounts).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct OverlayPlan {
+    layers: Vec<PathBuf>,
+    upper: PathBuf,
+    work: PathBuf,
+}
+
+/// The name the writable layer's directory is bound under on the staging tmpfs.
+const WRITABLE_STAGE: &str = "d";
+
+impl OverlayPlan {
+    pub fn new(layers: &[PathBuf], upper: &Path, work: &Path) -> Result<OverlayPlan, MountError> {
+        let (Some(dir), Some(_), Some(_)) = (upper.parent(), upper.file_name(), work.file_name())
+        else {
+            return Err(MountError::BadLayerPath(upper.to_path_buf()));
+        };
+        if work.parent() != Some(dir) {
+            return Err(MountError::SplitWritableLayer {
+                upper: upper.to_path_buf(),
+                work: work.to_path_buf(),
+            });
+        }
+        Ok(OverlayPlan {
+            layers: layers.to_vec(),
+            upper: upper.to_path_buf(),
+            work: work.to_path_buf(),
+        })
+    }
+
+    /// The overlay's mount options, relative to the staging tmpfs.
+    pub fn options(&self) -> String {
+        let lower: Vec<String> = (0..self.layers.len()).map(|i| i.to_string()).collect();
+        let name = |path: &Path| {
+            path.file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned()
+        };
+        format!(
+            "lowerdir={},upperdir={WRITABLE_STAGE}/{},workdir={WRITABLE_STAGE}/{}",
+            lower.join(":"),
+            name(&self.upper),
+            name(&self.work)
+        )
+    }
+
+    /// The host directories bound on the staging tmpfs, with the name each gets there.
+    fn stages(&self) -> Vec<(&Path, String)> {
+        let mut out: Vec<(&Path, String)> = self
+            .layers
+            .iter()
+            .enumerate()
+            .map(|(i, layer)| (layer.as_path(), i.to_string()))
+            .collect();
+        if let Some(dir) = self.upper.parent() {
+            out.push((dir, WRITABLE_STAGE.to_string()));
+        }
+        out
+    }
+}
+
+/// An [`OverlayPlan`] turned into C strings for a mount point, so that [`PreparedOverlay::mount`] makes
+/// system calls only: CRIU's restore helper runs it between fork and exec.
+#[derive(Debug)]
+pub struct PreparedOverlay {
+    target: std::ffi::CString,
+    /// (host directory, its staging directory below `target`)
+    stages: Vec<(std::ffi::CString, std::ffi::CString)>,
+    options: std::ffi::CString,
+}
+
+fn c_path(path: &Path) -> Result<std::ffi::CString, MountError> {
+    std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| MountError::BadLayerPath(path.to_path_buf()))
+}
+
+impl PreparedOverlay {
+    pub fn new(target: &Path, plan: &OverlayPlan) -> Result<PreparedOverlay, MountError> {
+        let stages = plan
+            .stages()
+            .into_iter()
+            .map(|(source, name)| Ok((c_path(source)?, c_path(&target.join(name))?)))
+            .collect::<Result<_, MountError>>()?;
+        Ok(PreparedOverlay {
+            target: c_path(target)?,
+            stages,
+            options: std::ffi::CString::new(plan.options())
+                .map_err(|_| MountError::BadLayerPath(target.to_path_buf()))?,
+        })
+    }
+
+    /// Mounts the staging tmpfs, its binds and the overlay at the target (see [`OverlayPlan`]).
+    /// `nodev`: device nodes on the layers mean nothing inside; the sandbox's devices live on its own
+    /// /dev tmpfs. Not `nosuid`: sudo works inside. Async-signal-safe: no allocation, system calls
+    /// only; the working directory is `/` afterwards.
+    pub fn mount(&self) -> std::io::Result<()> {
+        let check = |result: libc::c_int| {
+            if result == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        };
+        let (tmpfs, overlay) = (c"tmpfs", c"overlay");
+        // SAFETY: every pointer is a NUL-terminated string owned by `self` or a static literal, alive
+        // for the duration of each call; the calls do not keep them.
+        unsafe {
+            check(libc::mount(
+                c"warren-layers".as_ptr(),
+                self.target.as_ptr(),
+                tmpfs.as_ptr(),
+                libc::MS_NODEV | libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"mode=0700,size=64k".as_ptr().cast(),
+            ))?;
+            for (source, stage) in &self.stages {
+                check(libc::mkdir(stage.as_ptr(), 0o700))?;
+                check(libc::mount(
+                    source.as_ptr(),
+                    stage.as_ptr(),
+                    std::ptr::null(),
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ))?;
+            }
+            // The options are relative: resolved from the working directory, the tmpfs's root.
+            check(libc::chdir(self.target.as_ptr()))?;
+            let mounted = check(libc::mount(
+                overlay.as_ptr(),
+                self.target.as_ptr(),
+                overlay.as_ptr(),
+                libc::MS_NODEV,
+                self.options.as_ptr().cast(),
+            ));
+            check(libc::chdir(c"/".as_ptr()))?;
+            mounted
         }
     }
-    let lower: Vec<String> = layers
-        .iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect();
-    Ok(format!(
-        "lowerdir={},upperdir={},workdir={}",
-        lower.join(":"),
-        upper.display(),
-        work.display()
-    ))
 }
 
 /// Makes every mount private so nothing done here propagates back to the host.
@@ -89,17 +216,12 @@ pub fn make_private() -> Result<(), MountError> {
     .map_err(mount_err("private propagation", Path::new("/")))
 }
 
-/// Mounts the overlay at `target` (before [`pivot_into`]). `nodev`: device nodes on the layers mean
-/// nothing inside; the sandbox's devices live on its own /dev tmpfs. Not `nosuid`: sudo works inside.
-pub fn mount_overlay(target: &Path, overlay_options: &str) -> Result<(), MountError> {
-    mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::MS_NODEV,
-        Some(overlay_options),
-    )
-    .map_err(mount_err("overlay", target))
+/// Mounts the sandbox's root overlay at `target` (before [`pivot_into`]), staged so that its options
+/// name no host path (see [`OverlayPlan`]).
+pub fn mount_overlay(target: &Path, plan: &OverlayPlan) -> Result<(), MountError> {
+    PreparedOverlay::new(target, plan)?.mount().map_err(|e| {
+        mount_err("overlay", target)(nix::Error::from_raw(e.raw_os_error().unwrap_or(0)))
+    })
 }
 
 /// A detached bind mount of the agent binary (`open_tree(OPEN_TREE_CLONE)`), made before
@@ -436,22 +558,39 @@ mod tests {
     use super::*;
 
     #[test]
-    fn overlay_options_list_layers_top_first() {
+    fn overlay_options_name_no_host_path() {
         let layers = vec![PathBuf::from("/t/top"), PathBuf::from("/t/base")];
-        let options =
-            overlay_options(&layers, Path::new("/s/upper"), Path::new("/s/work")).unwrap();
+        let plan = OverlayPlan::new(&layers, Path::new("/s/upper"), Path::new("/s/work")).unwrap();
         assert_eq!(
-            options,
-            "lowerdir=/t/top:/t/base,upperdir=/s/upper,workdir=/s/work"
+            plan.options(),
+            "lowerdir=0:1,upperdir=d/upper,workdir=d/work"
+        );
+        let stages = plan.stages();
+        assert_eq!(
+            stages,
+            vec![
+                (Path::new("/t/top"), "0".to_string()),
+                (Path::new("/t/base"), "1".to_string()),
+                (Path::new("/s"), "d".to_string()),
+            ]
         );
     }
 
     #[test]
-    fn overlay_options_refuse_separators() {
-        let layers = vec![PathBuf::from("/t/a:b")];
+    fn the_writable_layer_must_be_one_directory() {
         assert!(matches!(
-            overlay_options(&layers, Path::new("/u"), Path::new("/w")),
-            Err(MountError::BadLayerPath(_))
+            OverlayPlan::new(&[], Path::new("/a/upper"), Path::new("/b/work")),
+            Err(MountError::SplitWritableLayer { .. })
         ));
+        // Layer paths with overlayfs's separators are fine now: they never reach the options.
+        let plan = OverlayPlan::new(
+            &[PathBuf::from("/t/a:b,c")],
+            Path::new("/u/x"),
+            Path::new("/u/y"),
+        );
+        assert_eq!(
+            plan.unwrap().options(),
+            "lowerdir=0,upperdir=d/x,workdir=d/y"
+        );
     }
 }

@@ -46,7 +46,7 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     nix::unistd::sethostname(&config.id).map_err(|e| format!("sethostname: {e}"))?;
     let chain = |e: sandbox_mounts::MountError| super::run::error_chain(&e);
     sandbox_mounts::make_private().map_err(chain)?;
-    sandbox_mounts::mount_overlay(&config.rootfs, &config.overlay_options).map_err(chain)?;
+    sandbox_mounts::mount_overlay(&config.rootfs, &config.overlay).map_err(chain)?;
     let agent = sandbox_mounts::open_agent(&config.agent_binary).map_err(chain)?;
     let lxcfs_files = config
         .lxcfs

@@ -53,7 +53,7 @@ pub struct SupervisorConfig {
     pub sandbox_dir: PathBuf,
     /// Empty directory the overlay is mounted on (inside the sandbox's mount namespace only).
     pub rootfs: PathBuf,
-    pub overlay_options: String,
+    pub overlay: crate::rootfs::sandbox_mounts::OverlayPlan,
     pub agent_binary: PathBuf,
     /// `cgroup.procs` files the init joins before anything else.
     pub cgroup_procs: Vec<PathBuf>,

@@ -153,7 +153,7 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
     let target = RestoreTarget {
         ip: config.network.ip,
         rootfs: &config.rootfs,
-        overlay_options: &config.overlay_options,
+        overlay: &config.overlay,
         agent_binary: &config.agent_binary,
         netns_pin: &config.netns_pin,
         cgroup_procs: &config.cgroup_procs,

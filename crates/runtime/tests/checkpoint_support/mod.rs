@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use warren_runtime::checkpoint::{Checkpointer, DumpTarget, FreezerCgroup, RestoreTarget};
+use warren_runtime::rootfs::sandbox_mounts::OverlayPlan;
 
 pub const BASE_ROOTFS: &str = "/var/cache/warren/rootfs/debian12-base";
 const BRIDGE: &str = "wt-ck0";
@@ -340,10 +341,10 @@ impl TestSandbox {
         checkpointer: &Checkpointer,
         checkpoint: &Path,
     ) -> Result<warren_runtime::checkpoint::Restored> {
-        let (rootfs, upper, options, netns, procs, work) = (
+        let (rootfs, upper, overlay, netns, procs, work) = (
             self.rootfs(),
             self.upper(),
-            self.overlay_options(),
+            OverlayPlan::new(&[PathBuf::from(BASE_ROOTFS)], &self.upper(), &self.work())?,
             self.netns_pin(),
             self.procs_files(),
             self.dir.join("restore-work"),
@@ -352,7 +353,7 @@ impl TestSandbox {
         let target = RestoreTarget {
             ip: self.ip,
             rootfs: &rootfs,
-            overlay_options: &options,
+            overlay: &overlay,
             agent_binary: &self.agent,
             netns_pin: &netns,
             cgroup_procs: &procs,
