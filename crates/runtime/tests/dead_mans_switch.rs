@@ -75,3 +75,48 @@ fn a_sandbox_whose_deadline_passes_is_ended_by_its_supervisor() {
     runtime.destroy(&ended.id).ok();
     runtime.destroy(&renewed.id).expect("destroy");
 }
+
+#[test]
+fn a_sandbox_whose_deadline_file_vanished_ends_at_the_last_deadline_read() {
+    // A stopped server whose state directory is then removed (a test's temp dir, `rm -rf` by an
+    // operator) takes the deadline file with it: the sandbox must still end at its last lease.
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("deadman-gone");
+    let sandbox = runtime
+        .create(&common::spec(
+            "wt-deadman-gone",
+            vec![base],
+            common::resources(),
+        ))
+        .expect("create");
+    let dir = runtime.sandbox_dir(&sandbox.id);
+    runtime.renew(&sandbox.id, now_ms() + 2000).expect("renew");
+    // The waiter reads the file once a second. A read after the renewal (which wrote a new file)
+    // moves the file's access time past its modification time (relatime): from then on the waiter
+    // knows the short lease. Then the file goes.
+    let file = dir.join(deadline::DEADLINE_FILE);
+    let read_since_written =
+        || std::fs::metadata(&file).is_ok_and(|m| m.accessed().unwrap() > m.modified().unwrap());
+    let started = Instant::now();
+    while !read_since_written() && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        read_since_written(),
+        "the waiter never read its renewed deadline"
+    );
+    std::fs::remove_file(dir.join(deadline::DEADLINE_FILE)).unwrap();
+
+    let started = Instant::now();
+    while alive(sandbox.init_pid) && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let ended = !alive(sandbox.init_pid);
+    runtime.destroy(&sandbox.id).ok();
+    assert!(
+        ended,
+        "the sandbox outlived its last lease once the deadline file was gone"
+    );
+}

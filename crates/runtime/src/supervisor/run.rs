@@ -270,6 +270,9 @@ fn wait_within_deadline(init_pid: u32, sandbox_dir: &Path) -> i32 {
     // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
     let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
     let mut ended = false;
+    // The last deadline read: a deadline file that goes away (the state directory removed under a
+    // stopped server) or cannot be read leaves the lease it last gave in force, never none at all.
+    let mut last_deadline = None;
     loop {
         let mut poll = libc::pollfd {
             fd: pidfd.as_raw_fd(),
@@ -284,7 +287,10 @@ fn wait_within_deadline(init_pid: u32, sandbox_dir: &Path) -> i32 {
         if ended {
             continue;
         }
-        let Some(deadline) = super::deadline::read(sandbox_dir) else {
+        if let Some(read) = super::deadline::read(sandbox_dir) {
+            last_deadline = Some(read);
+        }
+        let Some(deadline) = last_deadline else {
             continue;
         };
         if crate::sandbox_state::now_unix_ms() > deadline {
