@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: 10-apt
 # A virtualenv with the official e2b SDK (pinned) for the SDK-driven tests.
 set -euo pipefail
 venv="$WARREN_REPO/.venv"

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: 10-apt
 # The official e2b JS SDK (pinned in tests/sdk/js/package-lock.json) for tests/sdk/test_js_sdk.py.
 # Skipped, with a note, where Node is not installed.
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: 10-apt
 # CRIU 4.1.1 (checkpoint/restore of sandboxes). Debian 12's criu 3.17 cannot start on newer kernels
 # ("vdso: Failed to fill self vdso symtable"), so build 4.1.1 from Debian 13's source tarball, fetched
 # through apt with a private config (the system's apt sources stay untouched), and install the binary as

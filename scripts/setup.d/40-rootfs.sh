@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: 10-apt
 # Builds the Debian 12 minimal base rootfs every sandbox template starts from, once, into
 # $WARREN_CACHE/rootfs/debian12-base. The build goes into a temp dir next to it and is renamed into place
 # only when complete (a `.warren-complete` stamp inside marks a finished build), so an interrupted run

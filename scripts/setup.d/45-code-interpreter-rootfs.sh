@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# needs: 10-apt 20-python
 # Builds the root filesystem of the built-in `code-interpreter` template once, into
 # $WARREN_CACHE/rootfs/debian12-code-interpreter: the Debian 12 base (same packages, user and sudo rule as
 # 40-rootfs.sh) plus Python's Jupyter kernel and the data-science stack from Debian's own packages
