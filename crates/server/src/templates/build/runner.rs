@@ -583,11 +583,25 @@ impl<'a> TemplateBuilder<'a> {
             }
             let ready = match ready_cmd {
                 Some(cmd) => {
-                    let code = self
+                    match self
                         .commands
                         .run(sandbox.agent_addr(), &shell(cmd), &mut |_, _| {})
-                        .map_err(|e| finalize(format!("running ready_cmd: {e}")))?;
-                    code == 0
+                    {
+                        Ok(code) => code == 0,
+                        // A probe that got no answer counts as "not ready yet", as a readiness probe
+                        // does; the ready timeout still bounds the wait, and a stopped build ends here.
+                        Err(error @ CommandError::Transport { .. })
+                            if job.stop_reason().is_none() =>
+                        {
+                            job.log(
+                                LogLevel::Warn,
+                                Some(FINALIZE_STEP),
+                                format!("ready_cmd probe got no answer, trying again: {error}"),
+                            );
+                            false
+                        }
+                        Err(error) => return Err(finalize(format!("running ready_cmd: {error}"))),
+                    }
                 }
                 // Without a ready check: ready once start_cmd has stayed up for a moment.
                 None => started.elapsed() >= Duration::from_secs(2),
@@ -786,6 +800,8 @@ mod tests {
     #[derive(Default)]
     struct FakeCommands {
         ran: Mutex<Vec<CommandSpec>>,
+        /// This many ready_cmd probes (`curl -sf ...`) get no answer (a transport error) first.
+        unanswered_probes: std::sync::atomic::AtomicUsize,
     }
 
     struct Running;
@@ -804,6 +820,18 @@ mod tests {
         ) -> Result<i32, CommandError> {
             self.ran.lock().unwrap().push(command.clone());
             let text = command.argv.join(" ");
+            use std::sync::atomic::Ordering::SeqCst;
+            if text.contains("curl -sf")
+                && self
+                    .unanswered_probes
+                    .fetch_update(SeqCst, SeqCst, |n| n.checked_sub(1))
+                    .is_ok()
+            {
+                return Err(CommandError::Transport {
+                    addr: "10.77.0.9:49983".parse().unwrap(),
+                    message: "timed out reading response".into(),
+                });
+            }
             on_output(OutputStream::Stdout, format!("running {text}\n").as_bytes());
             Ok(if text.contains("fail") { 1 } else { 0 })
         }
@@ -1031,6 +1059,35 @@ mod tests {
         assert_eq!(runtime.destroyed.lock().unwrap().len(), 2);
         assert_eq!(commands.ran.lock().unwrap().len(), 2);
         assert!(builder.versions().list("t1").unwrap().is_empty());
+    }
+
+    #[test]
+    fn a_ready_probe_without_an_answer_is_tried_again() {
+        let setup = Setup::new();
+        let commands = FakeCommands {
+            unanswered_probes: 2.into(),
+            ..Default::default()
+        };
+        let plan = setup.plan("FROM debian\n", Some("python3 -m http.server 8000"));
+        let runtime = FakeRuntime::default();
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let job = BuildJob::new("t1", "b1");
+        builder
+            .build(&plan, "t1", "b1", &job)
+            .expect("ready on the third probe");
+        let warnings = job
+            .snapshot()
+            .logs
+            .iter()
+            .filter(|e| e.message.contains("ready_cmd probe got no answer"))
+            .count();
+        assert_eq!(warnings, 2);
+        assert_eq!(
+            commands
+                .unanswered_probes
+                .load(std::sync::atomic::Ordering::SeqCst),
+            0
+        );
     }
 
     #[test]
