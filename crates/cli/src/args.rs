@@ -341,6 +341,13 @@ pub struct TemplateBuildArgs {
     /// Memory of the template's sandboxes in MiB (overrides e2b.toml's memory_mb).
     #[arg(long)]
     pub memory_mb: Option<u64>,
+    /// Let the template's sandboxes keep CAP_NET_RAW (raw and packet sockets, e.g. tcpdump); needs an
+    /// admin API key.
+    #[arg(long)]
+    pub allow_raw_sockets: bool,
+    /// Let the template's sandboxes use io_uring (denied by default); needs an admin API key.
+    #[arg(long)]
+    pub allow_io_uring: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -563,6 +563,7 @@ async fn templates_from_running_state_restore_their_build_checkpoint() {
             ready_cmd: None,
             cpu_count: None,
             memory_mb: None,
+            privileges: Default::default(),
             start: TemplateStart::Checkpoint { dir: checkpoint },
             build_seconds: 1.0,
             cached_steps: 0,

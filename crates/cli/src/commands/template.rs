@@ -126,6 +126,12 @@ pub fn build_request(args: &TemplateBuildArgs) -> Result<TemplateBuildRequest, T
         cpu_count: args.cpu_count.or(config.cpu_count),
         memory_mb: args.memory_mb.or(config.memory_mb),
         context_hash: None,
+        privileges: (args.allow_raw_sockets || args.allow_io_uring).then_some(
+            warren_client::types::TemplatePrivileges {
+                raw_sockets: args.allow_raw_sockets,
+                io_uring: args.allow_io_uring,
+            },
+        ),
     })
 }
 
@@ -342,6 +348,8 @@ mod tests {
             ready_cmd: None,
             cpu_count: None,
             memory_mb: None,
+            allow_raw_sockets: false,
+            allow_io_uring: false,
         }
     }
 
@@ -359,13 +367,22 @@ mod tests {
         assert_eq!(request.start_cmd.as_deref(), Some("python3 app.py"));
         assert_eq!(request.cpu_count, Some(2));
         assert_eq!(request.dockerfile, "FROM debian:bookworm\n");
+        assert_eq!(request.privileges, None, "no privileges unless asked for");
 
         std::fs::write(dir.path().join("other.Dockerfile"), "FROM ubuntu:22.04\n").unwrap();
         let mut overridden = args(dir.path());
         overridden.name = Some("api".into());
         overridden.start_cmd = Some("serve".into());
         overridden.dockerfile = Some(dir.path().join("other.Dockerfile"));
+        overridden.allow_io_uring = true;
         let request = build_request(&overridden).unwrap();
+        let privileges = request
+            .privileges
+            .expect("--allow-io-uring asks for privileges");
+        assert!(
+            privileges.io_uring && !privileges.raw_sockets,
+            "{privileges:?}"
+        );
         assert_eq!(request.alias.as_deref(), Some("api"));
         assert_eq!(request.start_cmd.as_deref(), Some("serve"));
         assert!(request.dockerfile.contains("ubuntu"));

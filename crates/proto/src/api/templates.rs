@@ -75,6 +75,26 @@ pub struct TemplateWithBuilds {
     pub builds: Vec<TemplateBuild>,
 }
 
+/// Warren's own build-request field `privileges`: what the template's sandboxes may do beyond the
+/// default set. Both are off unless an admin key asks for them (docs/security.md).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplatePrivileges {
+    /// Keep CAP_NET_RAW: raw and packet sockets (tcpdump, traceroute's raw modes).
+    #[serde(default)]
+    pub raw_sockets: bool,
+    /// Allow `io_uring_setup`, `io_uring_enter` and `io_uring_register`.
+    #[serde(default)]
+    pub io_uring: bool,
+}
+
+impl TemplatePrivileges {
+    /// True when either privilege is asked for.
+    pub fn any(&self) -> bool {
+        self.raw_sockets || self.io_uring
+    }
+}
+
 /// `POST /v3/templates` body: request a build of template `name` (SDK Template builder).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -97,6 +117,9 @@ pub struct TemplateBuildRequestV3 {
         skip_serializing_if = "Option::is_none"
     )]
     pub min_free_disk_mb: Option<u64>,
+    /// Warren's own: privileges of the template's sandboxes (admin keys only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileges: Option<TemplatePrivileges>,
 }
 
 /// Answer to a build request (`TemplateRequestResponseV3`).
@@ -131,6 +154,9 @@ pub struct TemplateBuildRequest {
     pub memory_mb: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub context_hash: Option<String>,
+    /// Warren's own: privileges of the template's sandboxes (admin keys only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub privileges: Option<TemplatePrivileges>,
 }
 
 /// `GET /templates/{id}/files/{hash}`: whether the archive is already here and where to PUT it if not.

@@ -232,6 +232,22 @@ fn requested(build: RequestedBuild, tags: Vec<String>) -> api::TemplateRequestRe
     }
 }
 
+/// The privileges a build request asks for: none unless given, and any only with an admin key, as a
+/// template's sandboxes inherit them and every team may start public ones.
+fn privileges(
+    key: &Authenticated,
+    asked: Option<api::TemplatePrivileges>,
+) -> Result<api::TemplatePrivileges, ApiError> {
+    let asked = asked.unwrap_or_default();
+    if asked.any() && key.require_admin().is_err() {
+        return Err(ApiError::new(
+            StatusCode::FORBIDDEN,
+            "privileges (rawSockets, ioUring) need an admin API key",
+        ));
+    }
+    Ok(asked)
+}
+
 /// `POST /v3/templates` (and `/v2/templates`): hand out the template and build ids of a new build.
 async fn request_build_v3(
     State(state): State<AppState>,
@@ -242,6 +258,7 @@ async fn request_build_v3(
         return Err(ApiError::bad_request("name is required"));
     };
     let (name, tags) = split_tag(name, body.tags);
+    let privileges = privileges(&key, body.privileges)?;
     let build = state
         .builds
         .request(BuildRequest {
@@ -251,6 +268,7 @@ async fn request_build_v3(
             memory_mb: body.memory_mb,
             dockerfile: None,
             tags: tags.clone(),
+            privileges,
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(requested(build, tags))))
@@ -262,6 +280,7 @@ async fn request_dockerfile_build(
     key: Authenticated,
     ApiJson(body): ApiJson<api::TemplateBuildRequest>,
 ) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
+    let privileges = privileges(&key, body.privileges)?;
     let build = state
         .builds
         .request(BuildRequest {
@@ -276,6 +295,7 @@ async fn request_dockerfile_build(
                 context_hash: body.context_hash,
             }),
             tags: Vec::new(),
+            privileges,
         })
         .await?;
     Ok((StatusCode::ACCEPTED, Json(requested(build, Vec::new()))))

@@ -163,6 +163,7 @@ impl Lifecycle {
                 agent_token: source.envd_access_token.clone(),
                 counts_as_template_spawn: false,
                 cold_start: None,
+                privileges: Default::default(),
             },
             Err(error) => {
                 remove_snapshot(&dir).await;

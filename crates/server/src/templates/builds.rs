@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use rand::Rng;
-use warren_proto::api::ENVD_VERSION;
+use warren_proto::api::{TemplatePrivileges, ENVD_VERSION};
 
 use super::build::e2b_toml::E2bToml;
 use super::build::job::{LogLevel, TemplateBuildInfo};
@@ -81,6 +81,8 @@ pub struct BuildRequest {
     pub dockerfile: Option<DockerfileBuild>,
     /// Tags the build gets once ready (`default` when empty).
     pub tags: Vec<String>,
+    /// Beyond the default set; the API lets only admin keys ask for any.
+    pub privileges: TemplatePrivileges,
 }
 
 /// The ids a request was given.
@@ -97,6 +99,7 @@ struct PendingBuild {
     memory_mb: Option<u64>,
     dockerfile: Option<DockerfileBuild>,
     tags: Vec<String>,
+    privileges: TemplatePrivileges,
 }
 
 pub struct TemplateBuilds {
@@ -245,6 +248,7 @@ impl TemplateBuilds {
                 memory_mb: request.memory_mb,
                 dockerfile: request.dockerfile,
                 tags: request.tags,
+                privileges: request.privileges,
             },
         );
         Ok(RequestedBuild {
@@ -389,6 +393,8 @@ impl TemplateBuilds {
         pending: PendingBuild,
         plan: super::build::plan::BuildPlan,
     ) -> Result<(), BuildsError> {
+        let mut plan = plan;
+        plan.privileges = pending.privileges;
         let builds = Arc::clone(self);
         let id = template_id.to_string();
         let tags = pending.tags.clone();
@@ -656,6 +662,7 @@ impl TemplateBuilds {
             memory_mb: plan.memory_mb,
             dockerfile: None,
             tags: Vec::new(),
+            privileges: plan.privileges,
         };
         self.launch(id, &build_id, pending, plan)?;
         Ok(build_id)

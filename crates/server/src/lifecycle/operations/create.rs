@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use warren_proto::api::EnvdInit;
+use warren_proto::api::{EnvdInit, TemplatePrivileges};
 use warren_runtime::network::egress::EgressRules;
 use warren_runtime::Sandbox;
 
@@ -58,28 +58,42 @@ pub(crate) struct StartSource {
     /// A built template without a checkpoint whose start_cmd must run (and ready_cmd pass) in every new
     /// sandbox, as the build's finalize step did.
     pub cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+    /// What a fresh start grants beyond the default set (the template build's); a restored checkpoint
+    /// carries its own capabilities and seccomp filter.
+    pub privileges: TemplatePrivileges,
+}
+
+/// How a sandbox of a built template begins.
+struct TemplateStartPlan {
+    checkpoint: Option<PathBuf>,
+    cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+    privileges: TemplatePrivileges,
 }
 
 /// How a sandbox of a built template begins: the checkpoint its build left (start command running,
 /// ready check passed), or else the build record when its start command must run at create. Neither
 /// for templates without a build record (the built-in `base`) or without a start command.
-fn template_start(
-    config: &ServerConfig,
-    template: &TemplateRecord,
-) -> (
-    Option<PathBuf>,
-    Option<crate::templates::build::versions::BuiltTemplate>,
-) {
+fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateStartPlan {
     let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
-    match versions.load(&template.id, &template.build_id) {
-        Ok(built) => match &built.start {
-            crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
-                (Some(dir.clone()), None)
-            }
-            _ if built.start_cmd.is_some() => (None, Some(built)),
-            _ => (None, None),
-        },
-        Err(_) => (None, None),
+    let Ok(built) = versions.load(&template.id, &template.build_id) else {
+        return TemplateStartPlan {
+            checkpoint: None,
+            cold_start: None,
+            privileges: TemplatePrivileges::default(),
+        };
+    };
+    let privileges = built.privileges;
+    let (checkpoint, cold_start) = match &built.start {
+        crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
+            (Some(dir.clone()), None)
+        }
+        _ if built.start_cmd.is_some() => (None, Some(built)),
+        _ => (None, None),
+    };
+    TemplateStartPlan {
+        checkpoint,
+        cold_start,
+        privileges,
     }
 }
 
@@ -188,7 +202,9 @@ impl Lifecycle {
         }
         let admitted = std::time::Instant::now();
 
-        let spec = self.spec_with_layers(&record, source.layers.clone());
+        let mut spec = self.spec_with_layers(&record, source.layers.clone());
+        spec.network.raw_sockets = source.privileges.raw_sockets;
+        spec.syscalls.allow_io_uring = source.privileges.io_uring;
         let checkpoint = source.checkpoint.clone();
         let (action, started) = match checkpoint {
             Some(dir) => (
@@ -265,7 +281,7 @@ impl Lifecycle {
     ) -> Result<StartSource, LifecycleError> {
         match self.template(team_id, id_or_alias).await {
             Ok(template) => {
-                let (checkpoint, cold_start) = template_start(&self.config, &template);
+                let start = template_start(&self.config, &template);
                 Ok(StartSource {
                     template_id: template.id.clone(),
                     alias: (id_or_alias != template.id).then(|| id_or_alias.to_string()),
@@ -273,10 +289,11 @@ impl Lifecycle {
                     vcpus: template.vcpus,
                     memory_mib: template.memory_mib,
                     disk_mib: template.disk_mib,
-                    checkpoint,
+                    checkpoint: start.checkpoint,
                     agent_token: None,
                     counts_as_template_spawn: true,
-                    cold_start,
+                    cold_start: start.cold_start,
+                    privileges: start.privileges,
                 })
             }
             Err(LifecycleError::TemplateNotFound(name)) => {
@@ -295,6 +312,7 @@ impl Lifecycle {
                     agent_token: snapshot.envd_access_token.clone(),
                     counts_as_template_spawn: false,
                     cold_start: None,
+                    privileges: TemplatePrivileges::default(),
                 })
             }
             Err(other) => Err(other),

@@ -212,6 +212,9 @@ pub struct BuildPlan {
     pub ready_cmd: Option<String>,
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
+    /// What the template's sandboxes may do beyond the default set; the finalize sandbox (whose
+    /// checkpoint new sandboxes restore) gets it, RUN steps never do (their layers stay cacheable).
+    pub privileges: warren_proto::api::TemplatePrivileges,
     /// Notes for the build log (substituted base releases, ignored flags, unused build args).
     pub warnings: Vec<String>,
 }
@@ -376,6 +379,7 @@ impl PlanBuilder {
             ready_cmd,
             cpu_count,
             memory_mb,
+            privileges: Default::default(),
             warnings: self.warnings,
         }
     }

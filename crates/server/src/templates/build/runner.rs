@@ -353,6 +353,7 @@ impl<'a> TemplateBuilder<'a> {
             ready_cmd: plan.ready_cmd.clone(),
             cpu_count: plan.cpu_count,
             memory_mb: plan.memory_mb,
+            privileges: plan.privileges,
             start,
             build_seconds: started.elapsed().as_secs_f64(),
             cached_steps,
@@ -524,10 +525,12 @@ impl<'a> TemplateBuilder<'a> {
             resources,
             network: NetworkSpec {
                 allow_internet: self.settings.allow_internet,
-                raw_sockets: false,
+                raw_sockets: plan.privileges.raw_sockets,
                 egress: Default::default(),
             },
-            syscalls: Default::default(),
+            syscalls: warren_runtime::seccomp::SyscallPolicy {
+                allow_io_uring: plan.privileges.io_uring,
+            },
         };
         let sandbox = self
             .runtime

@@ -80,6 +80,9 @@ pub struct BuiltTemplate {
     pub ready_cmd: Option<String>,
     pub cpu_count: Option<u32>,
     pub memory_mb: Option<u64>,
+    /// Privileges the build's admin asked for; records written before they existed have none.
+    #[serde(default)]
+    pub privileges: warren_proto::api::TemplatePrivileges,
     pub start: TemplateStart,
     /// Wall time of the build and how many of its steps came from the cache.
     pub build_seconds: f64,
@@ -273,11 +276,25 @@ mod tests {
             ready_cmd: None,
             cpu_count: None,
             memory_mb: None,
+            privileges: Default::default(),
             start: TemplateStart::Plain,
             build_seconds: 1.0,
             cached_steps: 0,
             total_steps: keys.len(),
         }
+    }
+
+    #[test]
+    fn a_record_from_before_privileges_reads_as_unprivileged_and_granted_ones_survive() {
+        let mut granted = record("t", "b1", "2026-12-01T00:00:00Z", &["k1"]);
+        granted.privileges.raw_sockets = true;
+        let text = serde_json::to_value(&granted).unwrap();
+        let read: BuiltTemplate = serde_json::from_value(text.clone()).unwrap();
+        assert!(read.privileges.raw_sockets && !read.privileges.io_uring);
+        let mut old = text;
+        old.as_object_mut().unwrap().remove("privileges").unwrap();
+        let read: BuiltTemplate = serde_json::from_value(old).unwrap();
+        assert_eq!(read.privileges, Default::default());
     }
 
     #[test]
