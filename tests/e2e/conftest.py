@@ -201,6 +201,9 @@ def warren():
             str(TEST_INTERNET["dns"]),
             "--egress-upstream-ca",
             TEST_INTERNET["pki"]["ca"],
+            # A sample a second, so the metrics tests (test_fleet_e2e.py) see a series in seconds.
+            "--metrics-interval-secs",
+            "1",
         ],
         stdout=subprocess.PIPE,
         stderr=log_file,

@@ -161,6 +161,23 @@ pub struct UpArgs {
     /// naming the step it was in.
     #[arg(long, env = "WARREN_BUILD_TIMEOUT_SECS", default_value_t = 3600)]
     pub build_timeout_secs: u64,
+    /// Seconds between two samples of every running sandbox's CPU, memory, disk and tasks (the
+    /// series of `GET /sandboxes/{id}/metrics`).
+    #[arg(long, env = "WARREN_METRICS_INTERVAL_SECS", default_value_t = 5)]
+    pub metrics_interval_secs: u64,
+    /// Seconds a sample is kept.
+    #[arg(long, env = "WARREN_METRICS_RETENTION_SECS", default_value_t = 3600)]
+    pub metrics_retention_secs: u64,
+    /// A process using at least this percent of one core for --runaway-secs is a runaway: an event
+    /// on its sandbox names it (0 turns the policy off).
+    #[arg(long, env = "WARREN_RUNAWAY_CPU_PERCENT", default_value_t = 90.0)]
+    pub runaway_cpu_percent: f64,
+    /// Seconds a process must stay above --runaway-cpu-percent to be a runaway.
+    #[arg(long, env = "WARREN_RUNAWAY_SECS", default_value_t = 300)]
+    pub runaway_secs: u64,
+    /// Kill runaway processes (SIGKILL) besides reporting them.
+    #[arg(long, env = "WARREN_RUNAWAY_KILL")]
+    pub runaway_kill: bool,
     /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
     /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
     /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).
@@ -226,6 +243,29 @@ pub enum SandboxCommand {
     /// Open an interactive terminal in a sandbox.
     #[command(visible_alias = "connect")]
     Shell(ShellArgs),
+    /// List a running sandbox's processes, busiest first (PIDs as the sandbox sees them).
+    Top {
+        /// Sandbox ID.
+        id: String,
+    },
+    /// Send a signal to one process of a running sandbox.
+    KillProcess {
+        /// Sandbox ID.
+        id: String,
+        /// PID as the sandbox sees it (`warren sandbox top`).
+        pid: u32,
+        /// Signal name or number.
+        #[arg(long, short = 's', default_value = "KILL")]
+        signal: String,
+    },
+    /// Show a sandbox's sampled resource use (CPU, memory, disk), oldest first.
+    Metrics {
+        /// Sandbox ID.
+        id: String,
+        /// Only samples of the last SECONDS.
+        #[arg(long)]
+        since: Option<u64>,
+    },
 }
 
 #[derive(Debug, Args)]

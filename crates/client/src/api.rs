@@ -223,6 +223,47 @@ impl ApiClient {
             .map(drop)
     }
 
+    /// Warren's own `GET /sandboxes/{id}/processes`: a running sandbox's processes, busiest first.
+    pub async fn sandbox_processes(
+        &self,
+        id: &str,
+    ) -> Result<Vec<warren_proto::api::SandboxProcess>, ApiError> {
+        self.send_json(self.request(
+            Method::GET,
+            &format!("sandboxes/{}/processes", path_segment(id)),
+        )?)
+        .await
+    }
+
+    /// Warren's own `DELETE /sandboxes/{id}/processes/{pid}?signal=…`.
+    pub async fn signal_process(&self, id: &str, pid: u32, signal: &str) -> Result<(), ApiError> {
+        self.send(
+            self.request(
+                Method::DELETE,
+                &format!("sandboxes/{}/processes/{pid}", path_segment(id)),
+            )?
+            .query(&[("signal", signal)]),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// `GET /sandboxes/{id}/metrics[?start=…]`: the sampled series, oldest first.
+    pub async fn sandbox_metrics(
+        &self,
+        id: &str,
+        start_unix: Option<i64>,
+    ) -> Result<Vec<warren_proto::api::SandboxMetric>, ApiError> {
+        let mut request = self.request(
+            Method::GET,
+            &format!("sandboxes/{}/metrics", path_segment(id)),
+        )?;
+        if let Some(start) = start_unix {
+            request = request.query(&[("start", start.to_string())]);
+        }
+        self.send_json(request).await
+    }
+
     pub async fn pause_sandbox(&self, id: &str) -> Result<(), ApiError> {
         self.send(self.request(
             Method::POST,

@@ -45,6 +45,8 @@ pub struct ServerConfig {
     pub agent_init_timeout: Duration,
     /// Which snapshots the garbage collector keeps.
     pub snapshot_retention: SnapshotRetention,
+    /// Resource sampling and the runaway-process policy (`lifecycle::monitor`).
+    pub monitor: MonitorConfig,
     /// Let the runtime switch the host to expedited RCU grace periods (faster creates; see
     /// `warren_runtime::LinuxRuntimeConfig::expedite_rcu`).
     pub expedite_rcu: bool,
@@ -61,6 +63,46 @@ pub struct ServerConfig {
     /// Serve the API and the proxy over HTTPS with this certificate (`None`: plain HTTP). The proxy
     /// then also answers as `api.<domain>` (E2B_DOMAIN mode, docs/tls.md).
     pub tls: Option<crate::tls::TlsSource>,
+}
+
+/// What the monitor samples and how it treats runaway processes (docs/operations.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MonitorConfig {
+    /// How often every running sandbox's resource use is sampled into the store.
+    pub interval: Duration,
+    /// How long samples are kept.
+    pub retention: Duration,
+    pub runaway: RunawayPolicy,
+}
+
+impl Default for MonitorConfig {
+    fn default() -> Self {
+        MonitorConfig {
+            interval: Duration::from_secs(5),
+            retention: Duration::from_secs(3600),
+            runaway: RunawayPolicy::default(),
+        }
+    }
+}
+
+/// A process that uses at least `cpu_percent` of one core for `after` is a runaway: the monitor
+/// records an event naming it and, when `kill` is set, kills it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunawayPolicy {
+    /// Percent of one core; 0 turns the policy off.
+    pub cpu_percent: f64,
+    pub after: Duration,
+    pub kill: bool,
+}
+
+impl Default for RunawayPolicy {
+    fn default() -> Self {
+        RunawayPolicy {
+            cpu_percent: 90.0,
+            after: Duration::from_secs(300),
+            kill: false,
+        }
+    }
 }
 
 /// Retention of snapshots (`POST /sandboxes/{id}/snapshots`). Pause checkpoints are never collected: a
@@ -146,6 +188,7 @@ impl ServerConfig {
             supervisor_lease: Duration::from_secs(600),
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
+            monitor: MonitorConfig::default(),
             expedite_rcu: true,
             no_new_privs: false,
             egress_resolvers: Vec::new(),

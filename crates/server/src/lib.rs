@@ -220,6 +220,10 @@ impl Server {
         ));
         let proxy_task =
             tokio::spawn(proxy.run(proxy_listener, tls, api_on_proxy, shutdown_rx.clone()));
+        let monitor_task = tokio::spawn(lifecycle::monitor::run(
+            Arc::clone(&lifecycle),
+            shutdown_rx.clone(),
+        ));
         let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
             Arc::clone(&lifecycle),
             config.scheduler_interval,
@@ -232,7 +236,7 @@ impl Server {
             lifecycle,
             reconcile: report,
             shutdown,
-            tasks: [api_task, proxy_task, scheduler_task]
+            tasks: [api_task, proxy_task, scheduler_task, monitor_task]
                 .into_iter()
                 .chain(code_interpreter)
                 .collect(),

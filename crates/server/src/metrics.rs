@@ -29,6 +29,14 @@ struct ReconcileLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PolicyLabels {
+    /// `runaway_cpu`.
+    policy: String,
+    /// `reported`, `killed`.
+    action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProxyLabels {
     outcome: String,
 }
@@ -41,6 +49,7 @@ pub struct Metrics {
     proxy_requests: Family<ProxyLabels, Counter>,
     start_seconds: Histogram,
     reconciled: Family<ReconcileLabels, Counter>,
+    policy_actions: Family<PolicyLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -58,6 +67,12 @@ impl Metrics {
         let proxy_requests = Family::<ProxyLabels, Counter>::default();
         let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
         let reconciled = Family::<ReconcileLabels, Counter>::default();
+        let policy_actions = Family::<PolicyLabels, Counter>::default();
+        registry.register(
+            "policy_actions",
+            "What the monitor's policies found and did (runaway_cpu: reported, killed)",
+            policy_actions.clone(),
+        );
         registry.register(
             "reconciled",
             "Disagreements between the store and the host that the periodic reconciler fixed",
@@ -91,6 +106,7 @@ impl Metrics {
             proxy_requests,
             start_seconds,
             reconciled,
+            policy_actions,
         }
     }
 
@@ -134,6 +150,16 @@ impl Metrics {
     pub fn reconciled(&self, action: &str) {
         self.reconciled
             .get_or_create(&ReconcileLabels {
+                action: action.to_string(),
+            })
+            .inc();
+    }
+
+    /// A policy of the monitor acted on a sandbox.
+    pub fn policy_action(&self, policy: &str, action: &str) {
+        self.policy_actions
+            .get_or_create(&PolicyLabels {
+                policy: policy.to_string(),
                 action: action.to_string(),
             })
             .inc();

@@ -42,7 +42,62 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
         }
         SandboxCommand::Exec(args) => exec(global, args).await,
         SandboxCommand::Shell(args) => super::shell::run(global, args).await,
+        SandboxCommand::Top { id } => top(global, &id).await,
+        SandboxCommand::KillProcess { id, pid, signal } => {
+            api_client(global)?
+                .signal_process(&id, pid, &signal)
+                .await?;
+            report(
+                global,
+                &id,
+                &format!("sent SIG{} to pid {pid}", signal.to_uppercase()),
+            )
+        }
+        SandboxCommand::Metrics { id, since } => metrics(global, &id, since).await,
     }
+}
+
+async fn top(global: &GlobalArgs, id: &str) -> Result<i32, CommandError> {
+    let processes = api_client(global)?.sandbox_processes(id).await?;
+    if global.json {
+        print_json(&processes)?;
+        return Ok(exit_code::OK);
+    }
+    let mut table = Table::new(["pid", "ppid", "user", "cpu", "rss", "started", "command"]);
+    for p in &processes {
+        table.row([
+            p.pid.to_string(),
+            p.ppid.to_string(),
+            p.user.clone(),
+            format!("{:.1}%", p.cpu_percent),
+            format!("{:.1} MiB", p.rss_bytes as f64 / 1048576.0),
+            format_time(&p.started_at),
+            p.command.clone(),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(exit_code::OK)
+}
+
+async fn metrics(global: &GlobalArgs, id: &str, since: Option<u64>) -> Result<i32, CommandError> {
+    let start = since.map(|s| chrono::Utc::now().timestamp() - s as i64);
+    let samples = api_client(global)?.sandbox_metrics(id, start).await?;
+    if global.json {
+        print_json(&samples)?;
+        return Ok(exit_code::OK);
+    }
+    let mib = |bytes: u64| format!("{:.0} MiB", bytes as f64 / 1048576.0);
+    let mut table = Table::new(["time", "cpu", "memory", "disk"]);
+    for s in &samples {
+        table.row([
+            format_time(&s.timestamp),
+            format!("{:.1}% of {}", s.cpu_used_pct, s.cpu_count),
+            format!("{} / {}", mib(s.mem_used), mib(s.mem_total)),
+            format!("{} / {}", mib(s.disk_used), mib(s.disk_total)),
+        ]);
+    }
+    print!("{}", table.render());
+    Ok(exit_code::OK)
 }
 
 #[derive(Debug, Serialize)]

@@ -115,6 +115,15 @@ fn server_config(
     config.no_new_privs = args.no_new_privs;
     config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config.build_timeout = std::time::Duration::from_secs(args.build_timeout_secs.max(1));
+    config.monitor = warren_server::config::MonitorConfig {
+        interval: std::time::Duration::from_secs(args.metrics_interval_secs.max(1)),
+        retention: std::time::Duration::from_secs(args.metrics_retention_secs.max(1)),
+        runaway: warren_server::config::RunawayPolicy {
+            cpu_percent: args.runaway_cpu_percent.max(0.0),
+            after: std::time::Duration::from_secs(args.runaway_secs),
+            kill: args.runaway_kill,
+        },
+    };
     config
 }
 

@@ -44,6 +44,31 @@ pub struct NewSandbox {
     pub iam: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub volume_mounts: Option<serde_json::Value>,
+    /// Warren's own: this sandbox's monitor policies, over the server's defaults.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<SandboxPolicies>,
+}
+
+/// Warren's own `policies` of a create body: what the monitor does about this sandbox. A field left
+/// out keeps the server's default (`warren up --runaway-…`).
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SandboxPolicies {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runaway: Option<RunawayPolicyOverride>,
+}
+
+/// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and
+/// with `kill` it is killed. `cpuPercent: 0` turns the policy off for the sandbox.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RunawayPolicyOverride {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_percent: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kill: Option<bool>,
 }
 
 /// The `network` object of a create body (E2B's `SandboxNetworkConfig`).
@@ -308,6 +333,26 @@ pub struct SandboxMetric {
     pub mem_cache: u64,
     pub disk_used: u64,
     pub disk_total: u64,
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest sample of each sandbox that has one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxesWithMetrics {
+    pub sandboxes: std::collections::BTreeMap<String, SandboxMetric>,
+}
+
+/// One item of Warren's own `GET /sandboxes/{id}/processes`: PIDs as the sandbox sees them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxProcess {
+    pub pid: u32,
+    pub ppid: u32,
+    pub user: String,
+    pub command: String,
+    /// Percent of one core since the previous listing.
+    pub cpu_percent: f64,
+    pub rss_bytes: u64,
+    pub started_at: DateTime<Utc>,
 }
 
 /// `GET /sandboxes/{id}/logs`.

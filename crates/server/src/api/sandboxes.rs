@@ -15,9 +15,10 @@ use super::error::ApiError;
 use super::extract::{ApiJson, OptionalJson, QueryPairs};
 use super::paging;
 use super::AppState;
+use crate::lifecycle::monitor::{cpu_count, sample_of};
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
-use crate::store::{Millis, SandboxFilter, SandboxRecord};
+use crate::store::{MetricSample, Millis, SandboxFilter, SandboxRecord};
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
 
 pub fn router() -> Router<AppState> {
@@ -32,7 +33,13 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/resume", post(resume))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/metrics", get(latest_metrics))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/processes", get(processes))
+        .route(
+            "/sandboxes/{id}/processes/{pid}",
+            axum::routing::delete(signal_process),
+        )
         .route("/sandboxes/{id}/logs", get(logs))
         .route("/v2/sandboxes/{id}/logs", get(logs))
 }
@@ -41,10 +48,6 @@ fn time(millis: Millis) -> DateTime<Utc> {
     Utc.timestamp_millis_opt(millis)
         .single()
         .unwrap_or_default()
-}
-
-fn cpu_count(vcpus: f64) -> u32 {
-    vcpus.ceil().max(1.0) as u32
 }
 
 fn api_state(record: &SandboxRecord) -> api::SandboxState {
@@ -206,7 +209,27 @@ fn create_request(
         allow_internet: body.allow_internet_access,
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
+        policies: checked_policies(body.policies.unwrap_or_default())?,
     })
+}
+
+/// The create body's `policies`, refused by name when out of range.
+fn checked_policies(policies: api::SandboxPolicies) -> Result<api::SandboxPolicies, ApiError> {
+    if let Some(runaway) = &policies.runaway {
+        if let Some(percent) = runaway.cpu_percent {
+            if !percent.is_finite() || percent < 0.0 {
+                return Err(ApiError::bad_request(format!(
+                    "policies.runaway.cpuPercent must be 0 (off) or a positive percent of one core, got {percent}"
+                )));
+            }
+        }
+        if runaway.seconds == Some(0) {
+            return Err(ApiError::bad_request(
+                "policies.runaway.seconds must be at least 1",
+            ));
+        }
+    }
+    Ok(policies)
 }
 
 /// The header a client retries a create with to get the first create's sandbox back.
@@ -624,35 +647,173 @@ async fn connect(
     Ok((status, Json(created(&state, &record))))
 }
 
+fn metric(sample: &MetricSample) -> api::SandboxMetric {
+    let at = time(sample.at);
+    api::SandboxMetric {
+        timestamp: at,
+        timestamp_unix: at.timestamp(),
+        cpu_count: sample.cpu_count,
+        cpu_used_pct: sample.cpu_pct,
+        mem_used: sample.mem_used,
+        mem_total: sample.mem_total,
+        mem_cache: 0,
+        disk_used: sample.disk_used,
+        disk_total: sample.disk_total,
+    }
+}
+
+/// A `start`/`end` query value: unix seconds.
+fn unix_seconds(query: &QueryPairs, name: &str) -> Result<Option<i64>, ApiError> {
+    match query.get(name) {
+        None | Some("") => Ok(None),
+        Some(text) => text.parse::<i64>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("{name} must be unix seconds, got {text:?}"))
+        }),
+    }
+}
+
+/// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds, both optional): the samples the monitor
+/// took in that range, oldest first; without a range, from the sandbox's start to now. A sandbox
+/// too young to have a stored sample gets one measured now when the range reaches the present.
 async fn metrics(
     State(state): State<AppState>,
     key: Authenticated,
     Path(id): Path<String>,
+    query: QueryPairs,
 ) -> Result<Json<Vec<api::SandboxMetric>>, ApiError> {
     let record = key.sandbox(&state, &id).await?;
-    let Some(stats) = state.lifecycle.stats(&id).await? else {
-        return Ok(Json(Vec::new()));
+    let start = unix_seconds(&query, "start")?;
+    let end = unix_seconds(&query, "end")?;
+    if let (Some(start), Some(end)) = (start, end) {
+        if start > end {
+            return Err(ApiError::bad_request(format!(
+                "start ({start}) is after end ({end})"
+            )));
+        }
+    }
+    let now = crate::lifecycle::now_millis();
+    let from = start.map_or(record.started_at, |s| s.saturating_mul(1000));
+    let to = end.map_or(now, |e| e.saturating_mul(1000).saturating_add(999));
+    let samples = state
+        .lifecycle
+        .store()
+        .metric_samples(&record.id, from, to)
+        .await?;
+    if samples.is_empty() && to >= now {
+        if let Some(stats) = state.lifecycle.stats(&id).await? {
+            return Ok(Json(vec![metric(&sample_of(&record, &stats, now))]));
+        }
+    }
+    Ok(Json(samples.iter().map(metric).collect()))
+}
+
+/// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest stored sample of each of the team's
+/// sandboxes named (others' and unknown IDs are left out, as E2B does).
+async fn latest_metrics(
+    State(state): State<AppState>,
+    key: Authenticated,
+    query: QueryPairs,
+) -> Result<Json<api::SandboxesWithMetrics>, ApiError> {
+    let Some(ids) = query.get("sandbox_ids") else {
+        return Err(ApiError::bad_request(
+            "sandbox_ids is required: a comma-separated list of sandbox IDs",
+        ));
     };
-    let now = Utc::now();
-    Ok(Json(vec![api::SandboxMetric {
-        timestamp: now,
-        timestamp_unix: now.timestamp(),
-        cpu_count: cpu_count(record.vcpus),
-        cpu_used_pct: stats.cpu_percent / record.vcpus.max(1.0),
-        mem_used: stats.memory_bytes,
-        mem_total: if stats.memory_limit_bytes > 0 {
-            stats.memory_limit_bytes
-        } else {
-            record.memory_mib * 1024 * 1024
-        },
-        mem_cache: 0,
-        disk_used: stats.disk_used_bytes,
-        disk_total: if stats.disk_limit_bytes > 0 {
-            stats.disk_limit_bytes
-        } else {
-            record.disk_mib * 1024 * 1024
-        },
-    }]))
+    const MOST: usize = 100;
+    let mut owned = Vec::new();
+    for id in ids.split(',').map(str::trim).filter(|id| !id.is_empty()) {
+        if owned.len() == MOST {
+            return Err(ApiError::bad_request(format!(
+                "sandbox_ids names more than {MOST} sandboxes"
+            )));
+        }
+        if key.sandbox(&state, id).await.is_ok() {
+            owned.push(id.to_string());
+        }
+    }
+    let latest = state
+        .lifecycle
+        .store()
+        .latest_metric_samples(&owned)
+        .await?;
+    Ok(Json(api::SandboxesWithMetrics {
+        sandboxes: latest
+            .iter()
+            .map(|sample| (sample.sandbox_id.clone(), metric(sample)))
+            .collect(),
+    }))
+}
+
+/// Warren's own `GET /sandboxes/{id}/processes`: every process of a running sandbox, busiest first.
+async fn processes(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::SandboxProcess>>, ApiError> {
+    key.sandbox(&state, &id).await?;
+    let mut list = state.lifecycle.processes(&id).await?;
+    list.sort_by(|a, b| {
+        b.cpu_percent
+            .total_cmp(&a.cpu_percent)
+            .then(a.pid.cmp(&b.pid))
+    });
+    Ok(Json(
+        list.into_iter()
+            .map(|p| api::SandboxProcess {
+                pid: p.pid,
+                ppid: p.ppid,
+                user: p.user,
+                command: p.command,
+                cpu_percent: p.cpu_percent,
+                rss_bytes: p.rss_bytes,
+                started_at: DateTime::<Utc>::from(p.started_at),
+            })
+            .collect(),
+    ))
+}
+
+/// The signal a `signal` query value names: a number, or a name with or without `SIG`.
+fn parse_signal(text: &str) -> Result<i32, ApiError> {
+    if let Ok(number) = text.parse::<i32>() {
+        return Ok(number);
+    }
+    let name = text.trim().to_ascii_uppercase();
+    let name = name.strip_prefix("SIG").unwrap_or(&name);
+    Ok(match name {
+        "KILL" => libc::SIGKILL,
+        "TERM" => libc::SIGTERM,
+        "INT" => libc::SIGINT,
+        "HUP" => libc::SIGHUP,
+        "QUIT" => libc::SIGQUIT,
+        "STOP" => libc::SIGSTOP,
+        "CONT" => libc::SIGCONT,
+        "USR1" => libc::SIGUSR1,
+        "USR2" => libc::SIGUSR2,
+        _ => {
+            return Err(ApiError::bad_request(format!(
+                "unknown signal {text:?}: use a number or KILL, TERM, INT, HUP, QUIT, STOP, CONT, USR1, USR2"
+            )))
+        }
+    })
+}
+
+/// Warren's own `DELETE /sandboxes/{id}/processes/{pid}?signal=TERM`: signals one process (SIGKILL
+/// unless `signal` says otherwise).
+async fn signal_process(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path((id, pid)): Path<(String, String)>,
+    query: QueryPairs,
+) -> Result<StatusCode, ApiError> {
+    key.sandbox(&state, &id).await?;
+    let pid: u32 = pid
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("pid must be a number, got {pid:?}")))?;
+    let signal = query
+        .get("signal")
+        .map_or(Ok(libc::SIGKILL), parse_signal)?;
+    state.lifecycle.signal_process(&id, pid, signal).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// The sandbox's lifecycle events, as log lines.

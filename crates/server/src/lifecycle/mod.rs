@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod agent_init;
 mod idempotency;
+pub mod monitor;
 mod operations;
 pub mod reconcile;
 mod routes;

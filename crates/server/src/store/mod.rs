@@ -4,6 +4,7 @@
 //! PostgreSQL implementation can sit behind the same trait). All SQL lives in the implementations.
 
 pub mod sqlite;
+mod sqlite_metrics;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
 mod sqlite_workspaces;
@@ -201,6 +202,8 @@ pub struct SandboxRecord {
     pub traffic_access_token: Option<String>,
     /// Egress rules by address (`network.allowOut` / `denyOut`).
     pub egress: warren_runtime::network::egress::EgressRules,
+    /// The sandbox's own monitor policies (over the server's defaults).
+    pub policies: warren_proto::api::SandboxPolicies,
     pub ip: Option<Ipv4Addr>,
     pub init_pid: Option<u32>,
     pub pause_kind: Option<PauseKind>,
@@ -230,6 +233,21 @@ pub struct WorkspaceMove {
     pub action: String,
     pub reason: Option<String>,
     pub at: Millis,
+}
+
+/// One sample of a running sandbox's resource use, as the monitor stores it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MetricSample {
+    pub sandbox_id: String,
+    pub at: Millis,
+    /// CPU use in percent of the sandbox's vCPUs (100 = all of them busy).
+    pub cpu_pct: f64,
+    pub cpu_count: u32,
+    pub mem_used: u64,
+    pub mem_total: u64,
+    pub disk_used: u64,
+    pub disk_total: u64,
+    pub pids: u64,
 }
 
 /// One stored state transition.
@@ -488,6 +506,20 @@ pub trait Store: Send + Sync {
         team_id: &str,
         user_id: &str,
     ) -> Result<Vec<WorkspaceMove>, StoreError>;
+
+    // Metrics history
+    async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError>;
+    /// The samples of sandbox `id` taken in `from..=to`, oldest first.
+    async fn metric_samples(
+        &self,
+        id: &str,
+        from: Millis,
+        to: Millis,
+    ) -> Result<Vec<MetricSample>, StoreError>;
+    /// The newest sample of each of `ids` that has one.
+    async fn latest_metric_samples(&self, ids: &[String]) -> Result<Vec<MetricSample>, StoreError>;
+    /// Deletes samples taken before `before`; returns how many.
+    async fn prune_metric_samples(&self, before: Millis) -> Result<u64, StoreError>;
 }
 
 /// What [`Store::claim_idempotency_key`] found.

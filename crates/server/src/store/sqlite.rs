@@ -14,10 +14,10 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord, BuildRecord,
-    ChecksumStatus, IdempotencyClaim, Millis, PauseKind, SandboxEvent, SandboxFilter,
-    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
-    TemplateTag, TransitionUpdate, WorkspaceMove, WorkspaceRecord,
+    sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord,
+    BuildRecord, ChecksumStatus, IdempotencyClaim, MetricSample, Millis, PauseKind, SandboxEvent,
+    SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord,
+    TemplateRecord, TemplateTag, TransitionUpdate, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -254,6 +254,12 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         envd_access_token: row.try_get("envd_access_token")?,
         traffic_access_token: row.try_get("traffic_access_token")?,
         egress: egress_from_json(&id, row.try_get("egress")?)?,
+        policies: match row.try_get::<Option<String>, _>("policies")? {
+            Some(text) => {
+                serde_json::from_str(&text).map_err(|e| corrupt("sandbox policies", &id, e))?
+            }
+            None => Default::default(),
+        },
         ip,
         init_pid: row
             .try_get::<Option<i64>, _>("init_pid")?
@@ -405,6 +411,27 @@ impl Store for SqliteStore {
         user_id: &str,
     ) -> Result<Vec<WorkspaceMove>, StoreError> {
         sqlite_workspaces::history(&self.pool, team_id, user_id).await
+    }
+
+    async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError> {
+        sqlite_metrics::insert(&self.pool, samples).await
+    }
+
+    async fn metric_samples(
+        &self,
+        id: &str,
+        from: Millis,
+        to: Millis,
+    ) -> Result<Vec<MetricSample>, StoreError> {
+        sqlite_metrics::between(&self.pool, id, from, to).await
+    }
+
+    async fn latest_metric_samples(&self, ids: &[String]) -> Result<Vec<MetricSample>, StoreError> {
+        sqlite_metrics::latest(&self.pool, ids).await
+    }
+
+    async fn prune_metric_samples(&self, before: Millis) -> Result<u64, StoreError> {
+        sqlite_metrics::prune(&self.pool, before).await
     }
 
     async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError> {
@@ -610,8 +637,8 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress, policies) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -638,6 +665,7 @@ impl Store for SqliteStore {
         .bind(&s.team_id)
         .bind(&s.traffic_access_token)
         .bind(egress_to_json(&s.egress))
+        .bind((s.policies != Default::default()).then(|| to_json(&s.policies)))
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -908,6 +936,7 @@ mod tests {
             envd_access_token: None,
             traffic_access_token: None,
             egress: EgressRules::default(),
+            policies: Default::default(),
             ip: None,
             init_pid: None,
             pause_kind: None,
@@ -978,6 +1007,70 @@ mod tests {
         assert_eq!(events[0].from_state, None);
         assert_eq!(events[1].from_state, Some(SandboxState::Creating));
         assert_eq!(events[1].to_state, SandboxState::Running);
+    }
+
+    #[tokio::test]
+    async fn metric_samples_answer_ranges_and_latest_and_are_pruned_by_age() {
+        let (store, _dir) = store().await;
+        let sample = |id: &str, at: Millis| MetricSample {
+            sandbox_id: id.into(),
+            at,
+            cpu_pct: at as f64 / 1000.0,
+            cpu_count: 2,
+            mem_used: 1 << 20,
+            mem_total: 512 << 20,
+            disk_used: 3 << 20,
+            disk_total: 2048 << 20,
+            pids: 4,
+        };
+        let samples: Vec<_> = (1..=5)
+            .flat_map(|s| [sample("a", s * 1000), sample("b", s * 1000 + 500)])
+            .collect();
+        store.insert_metric_samples(&samples).await.unwrap();
+        let ranged = store.metric_samples("a", 2000, 4000).await.unwrap();
+        assert_eq!(
+            ranged.iter().map(|s| s.at).collect::<Vec<_>>(),
+            [2000, 3000, 4000]
+        );
+        assert_eq!(
+            ranged[0],
+            sample("a", 2000),
+            "a sample reads back as written"
+        );
+        let latest = store
+            .latest_metric_samples(&["a".into(), "b".into(), "nobody".into()])
+            .await
+            .unwrap();
+        assert_eq!(
+            latest
+                .iter()
+                .map(|s| (s.sandbox_id.as_str(), s.at))
+                .collect::<Vec<_>>(),
+            [("a", 5000), ("b", 5500)]
+        );
+        assert_eq!(store.prune_metric_samples(3000).await.unwrap(), 4);
+        assert_eq!(store.metric_samples("a", 0, 10_000).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_sandboxs_own_policies_survive_the_store() {
+        let (store, _dir) = store().await;
+        let mut record = sandbox("p", 1);
+        record.policies.runaway = Some(warren_proto::api::RunawayPolicyOverride {
+            cpu_percent: Some(50.0),
+            seconds: None,
+            kill: Some(true),
+        });
+        store.insert_sandbox(&record).await.unwrap();
+        store.insert_sandbox(&sandbox("q", 2)).await.unwrap();
+        assert_eq!(
+            store.get_sandbox("p").await.unwrap().unwrap().policies,
+            record.policies
+        );
+        assert_eq!(
+            store.get_sandbox("q").await.unwrap().unwrap().policies,
+            Default::default()
+        );
     }
 
     #[tokio::test]

@@ -33,6 +33,8 @@ pub struct CreateRequest {
     pub allow_internet: Option<bool>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
+    /// The sandbox's own monitor policies.
+    pub policies: warren_proto::api::SandboxPolicies,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -124,6 +126,7 @@ impl Lifecycle {
             envd_access_token: request.secure.then(new_access_token),
             traffic_access_token: request.private_traffic.then(new_access_token),
             egress: request.egress,
+            policies: request.policies,
             ip: None,
             init_pid: None,
             pause_kind: None,

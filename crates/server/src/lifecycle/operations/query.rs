@@ -1,6 +1,6 @@
 //! Reading sandboxes: one, a filtered list, their events and their latest resource sample.
 
-use warren_runtime::{RuntimeError, Stats};
+use warren_runtime::{ProcessInfo, RuntimeError, Stats};
 
 use super::{runtime_error, Lifecycle, LifecycleError};
 use crate::lifecycle::state::SandboxState;
@@ -40,5 +40,47 @@ impl Lifecycle {
             Err(RuntimeError::NotFound(_)) => Ok(None),
             Err(source) => Err(runtime_error("read stats of", &record.id)(source)),
         }
+    }
+
+    /// A running sandbox's record; a paused one has no processes to list or signal (409).
+    async fn running_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+        let record = self.live_record(id).await?;
+        if record.state != SandboxState::Running {
+            return Err(LifecycleError::Conflict(format!(
+                "sandbox {id} is {}: only a running sandbox's processes can be seen or signalled",
+                record.state.as_str()
+            )));
+        }
+        Ok(record)
+    }
+
+    /// The processes of a running sandbox, PIDs as the sandbox sees them; CPU % (of one core) is
+    /// measured since the previous listing.
+    pub async fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, LifecycleError> {
+        let record = self.running_record(id).await?;
+        let runtime_id = record.id.clone();
+        self.on_runtime(move |runtime| runtime.processes(&runtime_id))
+            .await
+            .map_err(runtime_error("list the processes of", &record.id))
+    }
+
+    /// Sends `signal` to process `pid` (as the sandbox numbers it) of a running sandbox. PID 1 is the
+    /// sandbox's agent: ending it ends the sandbox, which is what killing the sandbox is for.
+    pub async fn signal_process(
+        &self,
+        id: &str,
+        pid: u32,
+        signal: i32,
+    ) -> Result<(), LifecycleError> {
+        if pid <= 1 {
+            return Err(LifecycleError::BadRequest(format!(
+                "pid {pid} is the sandbox's own init (its agent): kill the sandbox instead"
+            )));
+        }
+        let record = self.running_record(id).await?;
+        let runtime_id = record.id.clone();
+        self.on_runtime(move |runtime| runtime.kill_process(&runtime_id, pid, signal))
+            .await
+            .map_err(runtime_error("signal a process of", &record.id))
     }
 }

@@ -1,0 +1,341 @@
+//! The monitor: every `monitor.interval` it samples each running sandbox's resource use into the
+//! store (the series `GET /sandboxes/{id}/metrics?start=&end=` returns) and, with the runaway policy
+//! on, lists its processes to find the ones that have held a core for too long: each becomes an
+//! event on its sandbox (pid, command, user, CPU %) and, when the policy says so, is killed.
+//! docs/operations.md is the operator's view.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::watch;
+use warren_runtime::{ProcessInfo, Stats};
+
+use super::state::SandboxState;
+use super::{now_millis, Lifecycle, LifecycleError};
+use crate::config::RunawayPolicy;
+use crate::store::{MetricSample, Millis, SandboxFilter, SandboxRecord};
+
+/// Longest command line an event quotes.
+const COMMAND_IN_EVENT: usize = 200;
+
+/// vCPUs as the E2B API counts them: whole cores, at least one.
+pub fn cpu_count(vcpus: f64) -> u32 {
+    vcpus.ceil().max(1.0) as u32
+}
+
+/// The sample of `record` that `stats` make at `at`; limits the runtime does not report fall back to
+/// the record's.
+pub fn sample_of(record: &SandboxRecord, stats: &Stats, at: Millis) -> MetricSample {
+    let or_record = |measured: u64, mib: u64| {
+        if measured > 0 {
+            measured
+        } else {
+            mib * 1024 * 1024
+        }
+    };
+    MetricSample {
+        sandbox_id: record.id.clone(),
+        at,
+        cpu_pct: stats.cpu_percent / record.vcpus.max(1.0),
+        cpu_count: cpu_count(record.vcpus),
+        mem_used: stats.memory_bytes,
+        mem_total: or_record(stats.memory_limit_bytes, record.memory_mib),
+        disk_used: stats.disk_used_bytes,
+        disk_total: or_record(stats.disk_limit_bytes, record.disk_mib),
+        pids: stats.pids,
+    }
+}
+
+/// The runaway policy of `record`: the server's `default` with the sandbox's own fields over it.
+pub fn runaway_policy(default: &RunawayPolicy, record: &SandboxRecord) -> RunawayPolicy {
+    let mut policy = default.clone();
+    if let Some(own) = &record.policies.runaway {
+        if let Some(percent) = own.cpu_percent {
+            policy.cpu_percent = percent;
+        }
+        if let Some(seconds) = own.seconds {
+            policy.after = std::time::Duration::from_secs(seconds);
+        }
+        if let Some(kill) = own.kill {
+            policy.kill = kill;
+        }
+    }
+    policy
+}
+
+/// A process found above the runaway threshold for the whole grace period.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Runaway {
+    pub sandbox_id: String,
+    pub pid: u32,
+    pub user: String,
+    pub command: String,
+    pub cpu_percent: f64,
+    pub seconds: u64,
+}
+
+impl Runaway {
+    /// The event text: what an operator needs to recognise the process.
+    pub fn describe(&self) -> String {
+        let mut command: String = self.command.chars().take(COMMAND_IN_EVENT).collect();
+        if command.len() < self.command.len() {
+            command.push('…');
+        }
+        format!(
+            "runaway process: pid {} ({command:?}, user {}) at {:.0}% CPU for {} s",
+            self.pid, self.user, self.cpu_percent, self.seconds
+        )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ProcessKey {
+    sandbox_id: String,
+    pid: u32,
+    /// A reused PID is another process.
+    started_at: SystemTime,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Hot {
+    since: Millis,
+    reported: bool,
+}
+
+/// Which processes have been above the threshold, and since when. A process is reported once per
+/// hot spell: it must drop below the threshold before it can be reported again.
+#[derive(Debug, Default)]
+pub struct RunawayTracker {
+    hot: HashMap<ProcessKey, Hot>,
+}
+
+impl RunawayTracker {
+    /// Takes one listing of sandbox `sandbox_id` at `now`; returns the processes that have just
+    /// become runaways under `policy`.
+    pub fn observe(
+        &mut self,
+        policy: &RunawayPolicy,
+        sandbox_id: &str,
+        processes: &[ProcessInfo],
+        now: Millis,
+    ) -> Vec<Runaway> {
+        let mut seen = HashSet::new();
+        let mut found = Vec::new();
+        for process in processes {
+            let key = ProcessKey {
+                sandbox_id: sandbox_id.to_string(),
+                pid: process.pid,
+                started_at: process.started_at,
+            };
+            if process.cpu_percent < policy.cpu_percent {
+                self.hot.remove(&key);
+                continue;
+            }
+            seen.insert(key.clone());
+            let hot = self.hot.entry(key).or_insert(Hot {
+                since: now,
+                reported: false,
+            });
+            let held = u64::try_from(now - hot.since).unwrap_or(0);
+            if !hot.reported && held >= policy.after.as_millis() as u64 {
+                hot.reported = true;
+                found.push(Runaway {
+                    sandbox_id: sandbox_id.to_string(),
+                    pid: process.pid,
+                    user: process.user.clone(),
+                    command: process.command.clone(),
+                    cpu_percent: process.cpu_percent,
+                    seconds: held / 1000,
+                });
+            }
+        }
+        self.hot
+            .retain(|key, _| key.sandbox_id != sandbox_id || seen.contains(key));
+        found
+    }
+
+    /// Forgets the sandboxes that are not among `running`.
+    pub fn retain_sandboxes(&mut self, running: &HashSet<&str>) {
+        self.hot
+            .retain(|key, _| running.contains(key.sandbox_id.as_str()));
+    }
+}
+
+/// What one pass did.
+#[derive(Debug, Default, PartialEq)]
+pub struct PassReport {
+    pub sampled: usize,
+    pub runaways: Vec<Runaway>,
+    pub killed: Vec<(String, u32)>,
+}
+
+/// One pass over the running sandboxes at `now`.
+pub async fn pass(
+    lifecycle: &Lifecycle,
+    tracker: &mut RunawayTracker,
+    now: Millis,
+) -> Result<PassReport, LifecycleError> {
+    let config = &lifecycle.config().monitor;
+    let running = lifecycle
+        .list(&SandboxFilter {
+            states: vec![SandboxState::Running],
+            ..SandboxFilter::default()
+        })
+        .await?;
+    let mut report = PassReport::default();
+    let mut samples = Vec::new();
+    for record in &running {
+        // A sandbox may end between the listing and here: it is simply not sampled.
+        match lifecycle.stats(&record.id).await {
+            Ok(Some(stats)) => samples.push(sample_of(record, &stats, now)),
+            Ok(None) => {}
+            Err(error) => {
+                tracing::debug!(sandbox = %record.id, %error, "no resource sample");
+            }
+        }
+        let policy = runaway_policy(&config.runaway, record);
+        if policy.cpu_percent <= 0.0 {
+            continue;
+        }
+        let processes = match lifecycle.processes(&record.id).await {
+            Ok(processes) => processes,
+            Err(error) => {
+                tracing::debug!(sandbox = %record.id, %error, "no process listing");
+                continue;
+            }
+        };
+        for runaway in tracker.observe(&policy, &record.id, &processes, now) {
+            let mut event = runaway.describe();
+            let mut action = "reported";
+            if policy.kill {
+                match lifecycle
+                    .signal_process(&record.id, runaway.pid, libc::SIGKILL)
+                    .await
+                {
+                    Ok(()) => {
+                        event.push_str("; killed by the runaway policy");
+                        action = "killed";
+                        report.killed.push((record.id.clone(), runaway.pid));
+                    }
+                    Err(error) => event.push_str(&format!("; could not kill it: {error}")),
+                }
+            }
+            tracing::warn!(sandbox = %record.id, "{event}");
+            lifecycle.metrics().policy_action("runaway_cpu", action);
+            if let Err(error) = lifecycle
+                .store()
+                .note_sandbox_event(&record.id, SandboxState::Running, &event, now_millis())
+                .await
+            {
+                tracing::error!(sandbox = %record.id, %error, "cannot record a runaway event");
+            }
+            report.runaways.push(runaway);
+        }
+    }
+    tracker.retain_sandboxes(&running.iter().map(|r| r.id.as_str()).collect());
+    report.sampled = samples.len();
+    let store = lifecycle.store();
+    store.insert_metric_samples(&samples).await?;
+    let oldest_kept = now - config.retention.as_millis() as Millis;
+    store.prune_metric_samples(oldest_kept).await?;
+    Ok(report)
+}
+
+/// Runs [`pass`] every `monitor.interval` until `shutdown` turns true.
+pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>) {
+    let mut ticker = tokio::time::interval(lifecycle.config().monitor.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut tracker = RunawayTracker::default();
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = shutdown.changed() => return,
+        }
+        if *shutdown.borrow() {
+            return;
+        }
+        if let Err(error) = pass(&lifecycle, &mut tracker, now_millis()).await {
+            tracing::error!(%error, "monitor pass failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::*;
+
+    fn process(pid: u32, cpu_percent: f64, started: u64) -> ProcessInfo {
+        ProcessInfo {
+            pid,
+            ppid: 1,
+            user: "user".into(),
+            command: format!("worker {pid}"),
+            cpu_percent,
+            rss_bytes: 1 << 20,
+            started_at: UNIX_EPOCH + Duration::from_secs(started),
+        }
+    }
+
+    fn policy() -> RunawayPolicy {
+        RunawayPolicy {
+            cpu_percent: 90.0,
+            after: Duration::from_secs(10),
+            kill: false,
+        }
+    }
+
+    #[test]
+    fn a_process_is_a_runaway_once_it_stays_hot_for_the_whole_period_and_is_reported_once() {
+        let mut tracker = RunawayTracker::default();
+        let hot = [process(7, 99.0, 1), process(8, 5.0, 1)];
+        assert!(tracker.observe(&policy(), "a", &hot, 0).is_empty());
+        assert!(tracker.observe(&policy(), "a", &hot, 9_999).is_empty());
+        let found = tracker.observe(&policy(), "a", &hot, 10_000);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!((found[0].pid, found[0].seconds), (7, 10));
+        assert!(found[0]
+            .describe()
+            .contains("pid 7 (\"worker 7\", user user) at 99% CPU"));
+        assert!(tracker.observe(&policy(), "a", &hot, 60_000).is_empty());
+    }
+
+    #[test]
+    fn cooling_down_or_a_reused_pid_starts_the_period_again() {
+        let mut tracker = RunawayTracker::default();
+        tracker.observe(&policy(), "a", &[process(7, 99.0, 1)], 0);
+        tracker.observe(&policy(), "a", &[process(7, 10.0, 1)], 5_000);
+        assert!(tracker
+            .observe(&policy(), "a", &[process(7, 99.0, 1)], 12_000)
+            .is_empty());
+        // Same PID, another start time: a new process, with a period of its own.
+        assert!(tracker
+            .observe(&policy(), "a", &[process(7, 99.0, 2)], 21_000)
+            .is_empty());
+        assert_eq!(
+            tracker
+                .observe(&policy(), "a", &[process(7, 99.0, 2)], 31_000)
+                .len(),
+            1
+        );
+    }
+
+    #[test]
+    fn sandboxes_are_tracked_apart_and_forgotten_when_they_stop_running() {
+        let mut tracker = RunawayTracker::default();
+        tracker.observe(&policy(), "a", &[process(7, 99.0, 1)], 0);
+        tracker.observe(&policy(), "b", &[process(7, 99.0, 1)], 5_000);
+        tracker.retain_sandboxes(&HashSet::from(["b"]));
+        assert!(tracker
+            .observe(&policy(), "a", &[process(7, 99.0, 1)], 10_000)
+            .is_empty());
+        assert_eq!(
+            tracker
+                .observe(&policy(), "b", &[process(7, 99.0, 1)], 15_000)
+                .len(),
+            1
+        );
+    }
+}

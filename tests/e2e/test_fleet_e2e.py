@@ -1,0 +1,132 @@
+"""The monitor against a real `warren up` (issue 18, docs/operations.md): a `while true` loop is found
+and killed by a sandbox's runaway policy while a calm process beside it lives on; `warren sandbox top`
+and `kill-process` see and signal a sandbox's processes; the metrics series answers a time range
+with the samples of that range, through REST and the SDK."""
+
+import time
+
+import httpx
+
+# Bounds on waits, not speed assertions: generous for a loaded 2-core machine.
+POLICY_WAIT_S = 90
+SAMPLES_WAIT_S = 60
+
+
+def _api(sdk_env):
+    return httpx.Client(
+        base_url=sdk_env["E2B_API_URL"], headers={"X-API-Key": sdk_env["E2B_API_KEY"]}, timeout=120
+    )
+
+
+def _poll(what, check, bound_s):
+    deadline = time.monotonic() + bound_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} within {bound_s}s"
+        time.sleep(0.5)
+
+
+def _commands(processes, needle):
+    return [p for p in processes if needle in p["command"]]
+
+
+def test_a_runaway_loop_is_killed_by_policy_and_a_calm_process_lives(sdk_env, warren):
+    from e2b import Sandbox
+
+    with _api(sdk_env) as api:
+        refused = api.post(
+            "/sandboxes",
+            json={"templateID": "base", "policies": {"runaway": {"cpuPercent": -5}}},
+        )
+        assert refused.status_code == 400 and "cpuPercent" in refused.text, refused.text
+        made = api.post(
+            "/sandboxes",
+            json={
+                "templateID": "base",
+                "timeout": 300,
+                "metadata": {"suite": "wt-fleet"},
+                "policies": {"runaway": {"cpuPercent": 50, "seconds": 3, "kill": True}},
+            },
+        )
+        assert made.status_code == 201, made.text
+        sandbox_id = made.json()["sandboxID"]
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            sandbox.commands.run("sleep 600 # wt-calm", background=True)
+            sandbox.commands.run("sh -c 'while :; do :; done' # wt-spin", background=True)
+
+            def processes():
+                listed = api.get(f"/sandboxes/{sandbox_id}/processes")
+                assert listed.status_code == 200, listed.text
+                return listed.json()
+
+            _poll("the calm process to show", lambda: _commands(processes(), "sleep 600"), 30)
+            _poll("the loop to be killed", lambda: not _commands(processes(), "while :"), POLICY_WAIT_S)
+            assert _commands(processes(), "sleep 600"), "the calm process was left alone"
+
+            logs = api.get(f"/sandboxes/{sandbox_id}/logs").json()
+            lines = [entry["line"] for entry in logs["logs"]]
+            runaway = [line for line in lines if "runaway process" in line]
+            assert len(runaway) == 1, lines
+            assert "while :" in runaway[0] and "killed by the runaway policy" in runaway[0], runaway
+            scraped = api.get("/metrics").text
+            assert 'warren_policy_actions_total{policy="runaway_cpu",action="killed"}' in scraped
+
+            # The CLI sees the same processes and signals one of them.
+            top = warren.cli("sandbox", "top", sandbox_id)
+            assert top.returncode == 0, top.stdout + top.stderr
+            calm = [line for line in top.stdout.splitlines() if "sleep 600" in line]
+            assert calm, top.stdout
+            pid = calm[0].split()[0]
+            sent = warren.cli("sandbox", "kill-process", sandbox_id, pid, "--signal", "TERM")
+            assert sent.returncode == 0, sent.stdout + sent.stderr
+            _poll("the calm process to end on SIGTERM", lambda: not _commands(processes(), "sleep 600"), 30)
+            gone = api.delete(f"/sandboxes/{sandbox_id}/processes/{pid}")
+            assert gone.status_code == 404, gone.text
+            init = api.delete(f"/sandboxes/{sandbox_id}/processes/1")
+            assert init.status_code == 400 and "kill the sandbox" in init.text, init.text
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_metrics_range_returns_the_samples_of_that_range(sdk_env):
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(template="base", timeout=300, metadata={"suite": "wt-fleet"})
+    try:
+        with _api(sdk_env) as api:
+            url = f"/sandboxes/{sandbox.sandbox_id}/metrics"
+
+            def series():
+                samples = api.get(url).json()
+                return samples if len(samples) >= 4 else None
+
+            samples = _poll("four samples", series, SAMPLES_WAIT_S)
+            seconds = [s["timestampUnix"] for s in samples]
+            assert seconds == sorted(seconds), seconds
+            assert all(s["memTotal"] > 0 and s["diskTotal"] > 0 for s in samples), samples
+            middle = seconds[len(seconds) // 2]
+            ranged = api.get(url, params={"start": middle, "end": middle}).json()
+            assert ranged and all(s["timestampUnix"] == middle for s in ranged), (middle, ranged)
+            assert len(ranged) < len(samples)
+            later = api.get(url, params={"start": middle + 1}).json()
+            assert later and all(s["timestampUnix"] > middle for s in later), later
+            backwards = api.get(url, params={"start": middle, "end": middle - 1})
+            assert backwards.status_code == 400 and "after end" in backwards.text, backwards.text
+            bad = api.get(url, params={"start": "yesterday"})
+            assert bad.status_code == 400 and "start" in bad.text, bad.text
+
+            many = api.get(
+                "/sandboxes/metrics", params={"sandbox_ids": f"{sandbox.sandbox_id},wtnosuchsandbox"}
+            ).json()
+            assert list(many["sandboxes"]) == [sandbox.sandbox_id], many
+
+        import datetime
+
+        start = datetime.datetime.fromtimestamp(middle, tz=datetime.timezone.utc)
+        through_sdk = sandbox.get_metrics(start=start, end=start)
+        assert [int(m.timestamp.timestamp()) for m in through_sdk] == [middle] * len(ranged)
+    finally:
+        sandbox.kill()
