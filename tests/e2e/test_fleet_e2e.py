@@ -130,3 +130,92 @@ def test_metrics_range_returns_the_samples_of_that_range(sdk_env):
         assert [int(m.timestamp.timestamp()) for m in through_sdk] == [middle] * len(ranged)
     finally:
         sandbox.kill()
+
+
+def _create(api, policies):
+    made = api.post(
+        "/sandboxes",
+        json={"templateID": "base", "timeout": 300, "metadata": {"suite": "wt-fleet"}, "policies": policies},
+    )
+    assert made.status_code == 201, made.text
+    return made.json()["sandboxID"]
+
+
+def _event(api, sandbox_id, needle, bound_s=POLICY_WAIT_S):
+    def found():
+        lines = [entry["line"] for entry in api.get(f"/sandboxes/{sandbox_id}/logs").json()["logs"]]
+        return [line for line in lines if needle in line]
+
+    return _poll(f"an event with {needle!r}", found, bound_s)
+
+
+def test_memory_pressure_names_the_hog_and_an_oom_kill_is_an_event(sdk_env):
+    from e2b import Sandbox
+    from e2b import CommandExitException
+
+    with _api(sdk_env) as api:
+        refused = api.post("/sandboxes", json={"templateID": "base", "policies": {"memoryAlertPercent": 101}})
+        assert refused.status_code == 400 and "memoryAlertPercent" in refused.text, refused.text
+        sandbox_id = _create(api, {"memoryAlertPercent": 50})
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            # 320 MiB of the default 512 MiB, written so that it is resident.
+            sandbox.commands.run(
+                "python3 -c \"b = b'x' * (320 * 2**20); import time; time.sleep(600)\" # wt-hog",
+                background=True,
+            )
+            pressure = _event(api, sandbox_id, "memory pressure")
+            assert len(pressure) == 1, pressure
+            assert "python3" in pressure[0] and "of 512 MiB in use" in pressure[0], pressure
+            try:
+                sandbox.commands.run("python3 -c \"b = b'y' * (900 * 2**20)\"", timeout=120)
+                raise AssertionError("900 MiB fit under a 512 MiB limit")
+            except CommandExitException as ended:
+                assert ended.exit_code != 0
+            oom = _event(api, sandbox_id, "out of memory")
+            assert "OOM killer ended" in oom[0] and "512 MiB limit" in oom[0], oom
+            scraped = api.get("/metrics").text
+            assert 'policy="oom_kill",action="reported"' in scraped
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_a_filling_disk_names_its_largest_file(sdk_env, warren):
+    from e2b import Sandbox
+
+    with _api(sdk_env) as api:
+        sandbox_id = _create(api, {"diskAlertPercent": 30})
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            # A symlink to "/" would lead a host-side walk that follows it into the host's own files.
+            sandbox.commands.run(
+                "fallocate -l 800M /tmp/wt-big.bin && echo small > /tmp/wt-small.txt"
+                " && ln -s / /tmp/wt-host-root && ln -s /etc /home/user/wt-etc"
+            )
+            full = _event(api, sandbox_id, "disk nearly full")
+            assert len(full) == 1, full
+            assert "largest files: /tmp/wt-big.bin (800 MiB)" in full[0], full
+
+            du = warren.cli("sandbox", "du", sandbox_id, "-n", "3")
+            assert du.returncode == 0, du.stdout + du.stderr
+            rows = [line for line in du.stdout.splitlines() if line.strip().endswith(".bin") or "/tmp/" in line]
+            assert rows and rows[0].split()[-1] == "/tmp/wt-big.bin", du.stdout
+            usage = api.get(f"/sandboxes/{sandbox_id}/disk", params={"count": 2}).json()
+            assert usage["usedBytes"] > 800 * 2**20 and usage["totalBytes"] > usage["usedBytes"], usage
+            biggest = usage["largest"][0]
+            assert biggest["path"] == "/tmp/wt-big.bin", usage
+            # Allocated bytes: the file's blocks, and a few of the file system's own for its extents.
+            assert 800 * 2**20 <= biggest["bytes"] < 801 * 2**20, usage
+            assert [f["path"] for f in usage["largest"]] == ["/tmp/wt-big.bin", "/tmp/wt-small.txt"], usage
+            every = api.get(f"/sandboxes/{sandbox_id}/disk", params={"count": 1000}).json()["largest"]
+            paths = [f["path"] for f in every]
+            assert not [p for p in paths if p.startswith(("/tmp/wt-host-root", "/home/user/wt-etc"))], paths
+            listed = " ".join(f"'{p}'" for p in paths if "'" not in p)
+            missing = sandbox.commands.run(
+                f"for p in {listed}; do [ -f \"$p\" ] && [ ! -L \"$p\" ] || echo \"$p\"; done", user="root"
+            ).stdout
+            assert missing == "", f"listed but not a file of the sandbox: {missing}"
+            bad = api.get(f"/sandboxes/{sandbox_id}/disk", params={"count": 0})
+            assert bad.status_code == 400 and "count" in bad.text, bad.text
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")

@@ -178,6 +178,13 @@ pub struct UpArgs {
     /// Kill runaway processes (SIGKILL) besides reporting them.
     #[arg(long, env = "WARREN_RUNAWAY_KILL")]
     pub runaway_kill: bool,
+    /// An event names a sandbox's largest processes when its memory in use reaches this percent of
+    /// its limit (0: never). OOM kills are events regardless.
+    #[arg(long, env = "WARREN_MEMORY_ALERT_PERCENT", default_value_t = 90.0)]
+    pub memory_alert_percent: f64,
+    /// An event names a sandbox's largest files when its disk is this percent full (0: never).
+    #[arg(long, env = "WARREN_DISK_ALERT_PERCENT", default_value_t = 90.0)]
+    pub disk_alert_percent: f64,
     /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
     /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
     /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).
@@ -257,6 +264,14 @@ pub enum SandboxCommand {
         /// Signal name or number.
         #[arg(long, short = 's', default_value = "KILL")]
         signal: String,
+    },
+    /// Show how full a running sandbox's disk is and the largest files it wrote.
+    Du {
+        /// Sandbox ID.
+        id: String,
+        /// How many files to list.
+        #[arg(long, short = 'n', default_value_t = 10)]
+        count: usize,
     },
     /// Show a sandbox's sampled resource use (CPU, memory, disk), oldest first.
     Metrics {

@@ -235,6 +235,19 @@ impl ApiClient {
         .await
     }
 
+    /// Warren's own `GET /sandboxes/{id}/disk?count=N`.
+    pub async fn sandbox_disk_usage(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<warren_proto::api::SandboxDiskUsage, ApiError> {
+        self.send_json(
+            self.request(Method::GET, &format!("sandboxes/{}/disk", path_segment(id)))?
+                .query(&[("count", count.to_string())]),
+        )
+        .await
+    }
+
     /// Warren's own `DELETE /sandboxes/{id}/processes/{pid}?signal=…`.
     pub async fn signal_process(&self, id: &str, pid: u32, signal: &str) -> Result<(), ApiError> {
         self.send(

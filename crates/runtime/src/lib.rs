@@ -145,6 +145,9 @@ pub struct Stats {
     pub disk_used_bytes: u64,
     pub disk_limit_bytes: u64,
     pub pids: u64,
+    /// Tasks the kernel's OOM killer has ended in this sandbox's cgroup since it was made (a restore
+    /// makes a new cgroup, so the count starts again).
+    pub oom_kills: u64,
 }
 
 /// One process inside a sandbox, with PIDs as the sandbox sees them.
@@ -311,6 +314,18 @@ pub trait Runtime: Send + Sync {
     fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError>;
     /// Send `signal` to process `pid` (as the sandbox numbers it).
     fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError>;
+    /// The `count` largest files the sandbox wrote (its writable layer), largest first, as paths
+    /// inside it.
+    fn largest_files(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<rootfs::disk_usage::LargeFile>, RuntimeError> {
+        let _ = (id, count);
+        Err(RuntimeError::Unsupported(
+            "listing a sandbox's largest files".into(),
+        ))
+    }
     /// Replace the internet access and egress rules of a running sandbox, at once and atomically
     /// (`update_network`).
     fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError>;

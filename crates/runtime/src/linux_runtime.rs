@@ -29,6 +29,8 @@ const CREATE_GRACE: Duration = Duration::from_secs(120);
 
 /// Samples older than this are not used for CPU % (a fresh window is taken instead).
 const SAMPLE_MAX_AGE: Duration = Duration::from_secs(30);
+/// Entries looked at when finding a sandbox's largest files: a bounded walk for any layer.
+const LARGEST_FILES_BUDGET: usize = 200_000;
 
 /// CPU ticks per host PID at one instant.
 type ProcessSample = (Instant, HashMap<u32, u64>);
@@ -777,7 +779,25 @@ impl Runtime for LinuxRuntime {
             pids: cgroup
                 .pids_current()
                 .map_err(internal(format!("count the tasks of sandbox {id}")))?,
+            oom_kills: cgroup.oom_kills().unwrap_or(0),
         })
+    }
+
+    fn largest_files(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<crate::rootfs::disk_usage::LargeFile>, RuntimeError> {
+        self.live_record(id)?;
+        let disk = LayerDisk::at(&self.sandbox_dir(id));
+        if !disk.is_mounted() {
+            return Err(RuntimeError::Busy {
+                context: format!("the writable layer of sandbox {id} is not mounted"),
+                source: None,
+            });
+        }
+        crate::rootfs::disk_usage::largest_files(&disk.upper(), count, LARGEST_FILES_BUDGET)
+            .map_err(internal(format!("walk the writable layer of sandbox {id}")))
     }
 
     fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {

@@ -10,6 +10,7 @@ CREATE TABLE sandbox_metrics (
     disk_used   INTEGER NOT NULL,
     disk_total  INTEGER NOT NULL,
     pids        INTEGER NOT NULL,
+    oom_kills   INTEGER NOT NULL,  -- the cgroup's count so far (restarts at a restore)
     PRIMARY KEY (sandbox_id, at)
 );
 CREATE INDEX sandbox_metrics_at ON sandbox_metrics (at);

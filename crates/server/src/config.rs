@@ -73,6 +73,12 @@ pub struct MonitorConfig {
     /// How long samples are kept.
     pub retention: Duration,
     pub runaway: RunawayPolicy,
+    /// An event names a sandbox's largest processes when its memory in use reaches this percent of
+    /// its limit (0: never). OOM kills are events whatever this is.
+    pub memory_alert_percent: f64,
+    /// An event names a sandbox's largest files when its writable layer is this percent full (0:
+    /// never).
+    pub disk_alert_percent: f64,
 }
 
 impl Default for MonitorConfig {
@@ -81,6 +87,8 @@ impl Default for MonitorConfig {
             interval: Duration::from_secs(5),
             retention: Duration::from_secs(3600),
             runaway: RunawayPolicy::default(),
+            memory_alert_percent: 90.0,
+            disk_alert_percent: 90.0,
         }
     }
 }

@@ -54,6 +54,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
             )
         }
         SandboxCommand::Metrics { id, since } => metrics(global, &id, since).await,
+        SandboxCommand::Du { id, count } => du(global, &id, count).await,
     }
 }
 
@@ -74,6 +75,26 @@ async fn top(global: &GlobalArgs, id: &str) -> Result<i32, CommandError> {
             format_time(&p.started_at),
             p.command.clone(),
         ]);
+    }
+    print!("{}", table.render());
+    Ok(exit_code::OK)
+}
+
+async fn du(global: &GlobalArgs, id: &str, count: usize) -> Result<i32, CommandError> {
+    let usage = api_client(global)?.sandbox_disk_usage(id, count).await?;
+    if global.json {
+        print_json(&usage)?;
+        return Ok(exit_code::OK);
+    }
+    let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1048576.0);
+    println!(
+        "{} of {} used",
+        mib(usage.used_bytes),
+        mib(usage.total_bytes)
+    );
+    let mut table = Table::new(["size", "path"]);
+    for file in &usage.largest {
+        table.row([mib(file.bytes), file.path.clone()]);
     }
     print!("{}", table.render());
     Ok(exit_code::OK)

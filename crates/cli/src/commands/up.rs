@@ -123,6 +123,8 @@ fn server_config(
             after: std::time::Duration::from_secs(args.runaway_secs),
             kill: args.runaway_kill,
         },
+        memory_alert_percent: args.memory_alert_percent.max(0.0),
+        disk_alert_percent: args.disk_alert_percent.max(0.0),
     };
     config
 }

@@ -56,6 +56,12 @@ pub struct NewSandbox {
 pub struct SandboxPolicies {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runaway: Option<RunawayPolicyOverride>,
+    /// Percent of the memory limit in use at which an event names the largest processes (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_alert_percent: Option<f64>,
+    /// Percent of the disk used at which an event names the largest files (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_alert_percent: Option<f64>,
 }
 
 /// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and
@@ -353,6 +359,23 @@ pub struct SandboxProcess {
     pub cpu_percent: f64,
     pub rss_bytes: u64,
     pub started_at: DateTime<Utc>,
+}
+
+/// Warren's own `GET /sandboxes/{id}/disk`: how full the writable layer is and its largest files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxDiskUsage {
+    pub used_bytes: u64,
+    pub total_bytes: u64,
+    pub largest: Vec<SandboxFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxFile {
+    /// As the sandbox sees it.
+    pub path: String,
+    pub bytes: u64,
 }
 
 /// `GET /sandboxes/{id}/logs`.

@@ -3,6 +3,7 @@
 //! writable layer as a new template layer.
 
 pub mod commit;
+pub mod disk_usage;
 pub mod layer_disk;
 pub mod loop_device;
 pub mod lxcfs;

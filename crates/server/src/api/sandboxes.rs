@@ -36,6 +36,7 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/metrics", get(latest_metrics))
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/processes", get(processes))
+        .route("/sandboxes/{id}/disk", get(disk_usage))
         .route(
             "/sandboxes/{id}/processes/{pid}",
             axum::routing::delete(signal_process),
@@ -215,6 +216,18 @@ fn create_request(
 
 /// The create body's `policies`, refused by name when out of range.
 fn checked_policies(policies: api::SandboxPolicies) -> Result<api::SandboxPolicies, ApiError> {
+    for (name, value) in [
+        ("memoryAlertPercent", policies.memory_alert_percent),
+        ("diskAlertPercent", policies.disk_alert_percent),
+    ] {
+        if let Some(percent) = value {
+            if !(0.0..=100.0).contains(&percent) {
+                return Err(ApiError::bad_request(format!(
+                    "policies.{name} must be from 0 (off) to 100, got {percent}"
+                )));
+            }
+        }
+    }
     if let Some(runaway) = &policies.runaway {
         if let Some(percent) = runaway.cpu_percent {
             if !percent.is_finite() || percent < 0.0 {
@@ -770,6 +783,47 @@ async fn processes(
             })
             .collect(),
     ))
+}
+
+/// Warren's own `GET /sandboxes/{id}/disk?count=N`: how full a running sandbox's writable layer is
+/// and its N (10) largest files.
+async fn disk_usage(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+    query: QueryPairs,
+) -> Result<Json<api::SandboxDiskUsage>, ApiError> {
+    let record = key.sandbox(&state, &id).await?;
+    let count = match query.get("count") {
+        None => 10,
+        Some(text) => match text.parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => n,
+            _ => {
+                return Err(ApiError::bad_request(format!(
+                    "count must be a number from 1 to 1000, got {text:?}"
+                )))
+            }
+        },
+    };
+    let largest = state.lifecycle.largest_files(&id, count).await?;
+    let (used, total) = match state.lifecycle.stats(&id).await? {
+        Some(stats) => {
+            let sample = sample_of(&record, &stats, crate::lifecycle::now_millis());
+            (sample.disk_used, sample.disk_total)
+        }
+        None => (0, record.disk_mib * 1024 * 1024),
+    };
+    Ok(Json(api::SandboxDiskUsage {
+        used_bytes: used,
+        total_bytes: total,
+        largest: largest
+            .into_iter()
+            .map(|f| api::SandboxFile {
+                path: f.path.to_string_lossy().into_owned(),
+                bytes: f.bytes,
+            })
+            .collect(),
+    }))
 }
 
 /// The signal a `signal` query value names: a number, or a name with or without `SIG`.

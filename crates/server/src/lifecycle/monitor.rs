@@ -44,6 +44,7 @@ pub fn sample_of(record: &SandboxRecord, stats: &Stats, at: Millis) -> MetricSam
         disk_used: stats.disk_used_bytes,
         disk_total: or_record(stats.disk_limit_bytes, record.disk_mib),
         pids: stats.pids,
+        oom_kills: stats.oom_kills,
     }
 }
 
@@ -162,18 +163,105 @@ impl RunawayTracker {
     }
 }
 
+/// A level alarm with hysteresis: it fires when a reading reaches the threshold, then stays quiet
+/// until readings have fallen [`REARM_POINTS`] below it.
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+pub struct Alarm {
+    raised: bool,
+}
+
+/// How far below its threshold a reading must fall before an alarm can fire again.
+pub const REARM_POINTS: f64 = 10.0;
+
+impl Alarm {
+    /// Takes a reading in percent; true when the alarm fires now. A threshold of 0 is off.
+    pub fn fires(&mut self, percent: f64, threshold: f64) -> bool {
+        if threshold <= 0.0 {
+            return false;
+        }
+        if self.raised {
+            if percent < threshold - REARM_POINTS {
+                self.raised = false;
+            }
+            return false;
+        }
+        self.raised = percent >= threshold;
+        self.raised
+    }
+}
+
+/// OOM kills since the `last` count seen; a count below it means a restore gave the sandbox a new
+/// cgroup, whose whole count is new.
+pub fn new_oom_kills(last: u64, now: u64) -> u64 {
+    if now >= last {
+        now - last
+    } else {
+        now
+    }
+}
+
+#[derive(Debug, Default)]
+struct SandboxAlerts {
+    memory: Alarm,
+    disk: Alarm,
+    /// The OOM count last seen (None: not yet in this server's run).
+    oom_kills: Option<u64>,
+}
+
+/// What the monitor remembers between passes.
+#[derive(Debug, Default)]
+pub struct MonitorState {
+    runaways: RunawayTracker,
+    sandboxes: HashMap<String, SandboxAlerts>,
+}
+
 /// What one pass did.
 #[derive(Debug, Default, PartialEq)]
 pub struct PassReport {
     pub sampled: usize,
     pub runaways: Vec<Runaway>,
     pub killed: Vec<(String, u32)>,
+    /// Every event the pass recorded, as (sandbox, text).
+    pub events: Vec<(String, String)>,
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{} MiB", bytes / (1024 * 1024))
+}
+
+fn percent_of(used: u64, total: u64) -> f64 {
+    if total == 0 {
+        0.0
+    } else {
+        used as f64 * 100.0 / total as f64
+    }
+}
+
+/// Records `text` as an event of sandbox `id`, counts it under `policy`/`action` and logs it.
+async fn note(
+    lifecycle: &Lifecycle,
+    report: &mut PassReport,
+    id: &str,
+    policy: &str,
+    action: &str,
+    text: String,
+) {
+    tracing::warn!(sandbox = %id, "{text}");
+    lifecycle.metrics().policy_action(policy, action);
+    if let Err(error) = lifecycle
+        .store()
+        .note_sandbox_event(id, SandboxState::Running, &text, now_millis())
+        .await
+    {
+        tracing::error!(sandbox = %id, %error, "cannot record a monitor event");
+    }
+    report.events.push((id.to_string(), text));
 }
 
 /// One pass over the running sandboxes at `now`.
 pub async fn pass(
     lifecycle: &Lifecycle,
-    tracker: &mut RunawayTracker,
+    state: &mut MonitorState,
     now: Millis,
 ) -> Result<PassReport, LifecycleError> {
     let config = &lifecycle.config().monitor;
@@ -186,54 +274,131 @@ pub async fn pass(
     let mut report = PassReport::default();
     let mut samples = Vec::new();
     for record in &running {
-        // A sandbox may end between the listing and here: it is simply not sampled.
-        match lifecycle.stats(&record.id).await {
-            Ok(Some(stats)) => samples.push(sample_of(record, &stats, now)),
-            Ok(None) => {}
+        let id = record.id.as_str();
+        // A sandbox may end between the listing and here: it is simply not looked at.
+        let stats = match lifecycle.stats(id).await {
+            Ok(stats) => stats,
             Err(error) => {
-                tracing::debug!(sandbox = %record.id, %error, "no resource sample");
-            }
-        }
-        let policy = runaway_policy(&config.runaway, record);
-        if policy.cpu_percent <= 0.0 {
-            continue;
-        }
-        let processes = match lifecycle.processes(&record.id).await {
-            Ok(processes) => processes,
-            Err(error) => {
-                tracing::debug!(sandbox = %record.id, %error, "no process listing");
-                continue;
+                tracing::debug!(sandbox = %id, %error, "no resource sample");
+                None
             }
         };
-        for runaway in tracker.observe(&policy, &record.id, &processes, now) {
+        let policy = runaway_policy(&config.runaway, record);
+        let mut processes = None;
+        if policy.cpu_percent > 0.0 {
+            match lifecycle.processes(id).await {
+                Ok(list) => processes = Some(list),
+                Err(error) => tracing::debug!(sandbox = %id, %error, "no process listing"),
+            }
+        }
+        let found = processes.as_deref().map_or_else(Vec::new, |list| {
+            state.runaways.observe(&policy, id, list, now)
+        });
+        for runaway in found {
             let mut event = runaway.describe();
             let mut action = "reported";
             if policy.kill {
                 match lifecycle
-                    .signal_process(&record.id, runaway.pid, libc::SIGKILL)
+                    .signal_process(id, runaway.pid, libc::SIGKILL)
                     .await
                 {
                     Ok(()) => {
                         event.push_str("; killed by the runaway policy");
                         action = "killed";
-                        report.killed.push((record.id.clone(), runaway.pid));
+                        report.killed.push((id.to_string(), runaway.pid));
                     }
                     Err(error) => event.push_str(&format!("; could not kill it: {error}")),
                 }
             }
-            tracing::warn!(sandbox = %record.id, "{event}");
-            lifecycle.metrics().policy_action("runaway_cpu", action);
-            if let Err(error) = lifecycle
-                .store()
-                .note_sandbox_event(&record.id, SandboxState::Running, &event, now_millis())
-                .await
-            {
-                tracing::error!(sandbox = %record.id, %error, "cannot record a runaway event");
-            }
+            note(lifecycle, &mut report, id, "runaway_cpu", action, event).await;
             report.runaways.push(runaway);
         }
+        let Some(stats) = stats else {
+            continue;
+        };
+        let sample = sample_of(record, &stats, now);
+        let alerts = state.sandboxes.entry(id.to_string()).or_default();
+        let last_oom = match alerts.oom_kills {
+            Some(count) => count,
+            None => lifecycle
+                .store()
+                .latest_metric_samples(&[id.to_string()])
+                .await?
+                .first()
+                .map_or(0, |s| s.oom_kills),
+        };
+        alerts.oom_kills = Some(stats.oom_kills);
+        let own = &record.policies;
+        let memory_fires = alerts.memory.fires(
+            percent_of(sample.mem_used, sample.mem_total),
+            own.memory_alert_percent
+                .unwrap_or(config.memory_alert_percent),
+        );
+        let disk_fires = alerts.disk.fires(
+            percent_of(sample.disk_used, sample.disk_total),
+            own.disk_alert_percent.unwrap_or(config.disk_alert_percent),
+        );
+        let oom = new_oom_kills(last_oom, stats.oom_kills);
+        if oom > 0 {
+            let text = format!(
+                "out of memory: the kernel's OOM killer ended {oom} process(es) at the {} limit",
+                mib(sample.mem_total)
+            );
+            note(lifecycle, &mut report, id, "oom_kill", "reported", text).await;
+        }
+        if memory_fires {
+            let mut list = match processes.take() {
+                Some(list) => list,
+                None => lifecycle.processes(id).await.unwrap_or_default(),
+            };
+            list.sort_by_key(|p| std::cmp::Reverse(p.rss_bytes));
+            let largest: Vec<String> = list
+                .iter()
+                .take(3)
+                .map(|p| {
+                    let command: String = p.command.chars().take(60).collect();
+                    format!("pid {} {command:?} ({})", p.pid, mib(p.rss_bytes))
+                })
+                .collect();
+            let text = format!(
+                "memory pressure: {} of {} in use ({:.0}%); largest processes: {}",
+                mib(sample.mem_used),
+                mib(sample.mem_total),
+                percent_of(sample.mem_used, sample.mem_total),
+                largest.join(", ")
+            );
+            note(
+                lifecycle,
+                &mut report,
+                id,
+                "memory_pressure",
+                "reported",
+                text,
+            )
+            .await;
+        }
+        if disk_fires {
+            let largest = match lifecycle.largest_files(id, 5).await {
+                Ok(files) => files
+                    .iter()
+                    .map(|f| format!("{} ({})", f.path.display(), mib(f.bytes)))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                Err(error) => format!("not listed: {error}"),
+            };
+            let text = format!(
+                "disk nearly full: {} of {} used ({:.0}%); largest files: {largest}",
+                mib(sample.disk_used),
+                mib(sample.disk_total),
+                percent_of(sample.disk_used, sample.disk_total),
+            );
+            note(lifecycle, &mut report, id, "disk_full", "reported", text).await;
+        }
+        samples.push(sample);
     }
-    tracker.retain_sandboxes(&running.iter().map(|r| r.id.as_str()).collect());
+    let live: HashSet<&str> = running.iter().map(|r| r.id.as_str()).collect();
+    state.runaways.retain_sandboxes(&live);
+    state.sandboxes.retain(|id, _| live.contains(id.as_str()));
     report.sampled = samples.len();
     let store = lifecycle.store();
     store.insert_metric_samples(&samples).await?;
@@ -246,7 +411,7 @@ pub async fn pass(
 pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>) {
     let mut ticker = tokio::time::interval(lifecycle.config().monitor.interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut tracker = RunawayTracker::default();
+    let mut state = MonitorState::default();
     loop {
         tokio::select! {
             _ = ticker.tick() => {}
@@ -255,7 +420,7 @@ pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>)
         if *shutdown.borrow() {
             return;
         }
-        if let Err(error) = pass(&lifecycle, &mut tracker, now_millis()).await {
+        if let Err(error) = pass(&lifecycle, &mut state, now_millis()).await {
             tracing::error!(%error, "monitor pass failed");
         }
     }
@@ -320,6 +485,25 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    #[test]
+    fn an_alarm_fires_once_per_spell_and_rearms_well_below_its_threshold() {
+        let mut alarm = Alarm::default();
+        assert!(!alarm.fires(89.0, 90.0));
+        assert!(alarm.fires(90.0, 90.0));
+        assert!(!alarm.fires(99.0, 90.0), "still raised");
+        assert!(!alarm.fires(85.0, 90.0), "not yet rearmed");
+        assert!(!alarm.fires(79.0, 90.0), "rearmed, below the line");
+        assert!(alarm.fires(95.0, 90.0), "a new spell");
+        assert!(!Alarm::default().fires(100.0, 0.0), "0 is off");
+    }
+
+    #[test]
+    fn oom_kills_count_from_the_last_seen_and_start_over_after_a_restore() {
+        assert_eq!(new_oom_kills(0, 0), 0);
+        assert_eq!(new_oom_kills(2, 5), 3);
+        assert_eq!(new_oom_kills(5, 1), 1, "a new cgroup after a restore");
     }
 
     #[test]

@@ -248,6 +248,8 @@ pub struct MetricSample {
     pub disk_used: u64,
     pub disk_total: u64,
     pub pids: u64,
+    /// The OOM killer's count in the sandbox's cgroup so far.
+    pub oom_kills: u64,
 }
 
 /// One stored state transition.

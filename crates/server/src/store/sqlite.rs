@@ -1022,6 +1022,7 @@ mod tests {
             disk_used: 3 << 20,
             disk_total: 2048 << 20,
             pids: 4,
+            oom_kills: 0,
         };
         let samples: Vec<_> = (1..=5)
             .flat_map(|s| [sample("a", s * 1000), sample("b", s * 1000 + 500)])

@@ -20,6 +20,7 @@ fn sample_from_row(row: &SqliteRow) -> Result<MetricSample, StoreError> {
         disk_used: count("disk_used")?,
         disk_total: count("disk_total")?,
         pids: count("pids")?,
+        oom_kills: count("oom_kills")?,
     })
 }
 
@@ -32,12 +33,13 @@ pub(super) async fn insert(pool: &SqlitePool, samples: &[MetricSample]) -> Resul
     if samples.is_empty() {
         return Ok(());
     }
-    // Nine binds a row: well under SQLite's 32,766 bound parameters for a few hundred sandboxes;
+    // Ten binds a row: well under SQLite's 32,766 bound parameters for a few hundred sandboxes;
     // bigger fleets go in chunks.
     for chunk in samples.chunks(1000) {
         let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT OR REPLACE INTO sandbox_metrics \
-             (sandbox_id, at, cpu_pct, cpu_count, mem_used, mem_total, disk_used, disk_total, pids) ",
+             (sandbox_id, at, cpu_pct, cpu_count, mem_used, mem_total, disk_used, disk_total, pids, \
+             oom_kills) ",
         );
         query.push_values(chunk, |mut row, s| {
             row.push_bind(&s.sandbox_id)
@@ -48,7 +50,8 @@ pub(super) async fn insert(pool: &SqlitePool, samples: &[MetricSample]) -> Resul
                 .push_bind(int(s.mem_total))
                 .push_bind(int(s.disk_used))
                 .push_bind(int(s.disk_total))
-                .push_bind(int(s.pids));
+                .push_bind(int(s.pids))
+                .push_bind(int(s.oom_kills));
         });
         query.build().execute(pool).await?;
     }

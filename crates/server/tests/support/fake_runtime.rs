@@ -330,6 +330,7 @@ impl Runtime for FakeRuntime {
             disk_used_bytes: 1 << 20,
             disk_limit_bytes: 2048 << 20,
             pids: 3,
+            oom_kills: 0,
         })
     }
 

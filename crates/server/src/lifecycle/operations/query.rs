@@ -64,6 +64,19 @@ impl Lifecycle {
             .map_err(runtime_error("list the processes of", &record.id))
     }
 
+    /// The `count` largest files a running sandbox wrote, largest first.
+    pub async fn largest_files(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<warren_runtime::rootfs::disk_usage::LargeFile>, LifecycleError> {
+        let record = self.running_record(id).await?;
+        let runtime_id = record.id.clone();
+        self.on_runtime(move |runtime| runtime.largest_files(&runtime_id, count))
+            .await
+            .map_err(runtime_error("list the largest files of", &record.id))
+    }
+
     /// Sends `signal` to process `pid` (as the sandbox numbers it) of a running sandbox. PID 1 is the
     /// sandbox's agent: ending it ends the sandbox, which is what killing the sandbox is for.
     pub async fn signal_process(
