@@ -73,6 +73,12 @@ def test_a_runaway_loop_is_killed_by_policy_and_a_calm_process_lives(sdk_env, wa
             assert "while :" in runaway[0] and "killed by the runaway policy" in runaway[0], runaway
             scraped = api.get("/metrics").text
             assert 'warren_policy_actions_total{policy="runaway_cpu",action="killed"}' in scraped
+            updated = api.get(
+                f"/events/sandboxes/{sandbox_id}", params={"types": "sandbox.lifecycle.updated"}
+            ).json()
+            assert [e["eventData"]["reason"] for e in updated] == [
+                line.split(": ", 1)[1] for line in runaway
+            ], updated
 
             # The CLI sees the same processes and signals one of them.
             top = warren.cli("sandbox", "top", sandbox_id)
@@ -219,3 +225,49 @@ def test_a_filling_disk_names_its_largest_file(sdk_env, warren):
             assert bad.status_code == 400 and "count" in bad.text, bad.text
         finally:
             api.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_lifecycle_events_in_e2b_shape_for_the_team_only(sdk_env, warren):
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(template="base", timeout=300, metadata={"suite": "wt-fleet"})
+    sandbox_id = sandbox.sandbox_id
+    sandbox.pause()
+    Sandbox.connect(sandbox_id, timeout=300)
+    sandbox.kill()
+    with _api(sdk_env) as api:
+        own = api.get(f"/events/sandboxes/{sandbox_id}", params={"orderAsc": "true"}).json()
+        assert [e["type"] for e in own] == [
+            "sandbox.lifecycle.created",
+            "sandbox.lifecycle.paused",
+            "sandbox.lifecycle.resumed",
+            "sandbox.lifecycle.killed",
+        ], own
+        first = own[0]
+        assert first["version"] == "v1" and first["sandboxId"] == sandbox_id, first
+        assert first["sandboxTemplateId"] and first["sandboxTeamId"], first
+        ids = [int(e["id"]) for e in own]
+        assert ids == sorted(ids), ids
+        newest = api.get(f"/events/sandboxes/{sandbox_id}", params={"limit": 1}).json()
+        assert [e["type"] for e in newest] == ["sandbox.lifecycle.killed"], newest
+        after = api.get(f"/events/sandboxes/{sandbox_id}", params={"after": ids[1], "orderAsc": "true"}).json()
+        assert [int(e["id"]) for e in after] == ids[2:], after
+        killed = api.get("/events/sandboxes", params={"types": "sandbox.lifecycle.killed", "limit": 100}).json()
+        assert sandbox_id in [e["sandboxId"] for e in killed], killed
+        assert {e["type"] for e in killed} == {"sandbox.lifecycle.killed"}, killed
+        for bad in ({"types": "sandbox.lifecycle.exploded"}, {"limit": 0}, {"orderAsc": "maybe"}):
+            refused = api.get("/events/sandboxes", params=bad)
+            assert refused.status_code == 400, (bad, refused.text)
+
+        team = f"wt-events-{sandbox_id[:6]}"
+        assert api.post("/teams", json={"name": team}).status_code == 201
+        other_key = api.post("/api-keys", json={"name": "events", "teamID": team}).json()["key"]
+    with httpx.Client(base_url=sdk_env["E2B_API_URL"], headers={"X-API-Key": other_key}, timeout=60) as other:
+        assert other.get(f"/events/sandboxes/{sandbox_id}").status_code == 404
+        theirs = other.get("/events/sandboxes", params={"limit": 100}).json()
+        assert sandbox_id not in [e["sandboxId"] for e in theirs], theirs
+
+    printed = warren.cli("events", "--sandbox", sandbox_id)
+    assert printed.returncode == 0, printed.stdout + printed.stderr
+    kinds = [line.split()[2] for line in printed.stdout.splitlines()]
+    assert kinds == ["created", "paused", "resumed", "killed"], printed.stdout

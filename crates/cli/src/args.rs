@@ -67,6 +67,24 @@ pub enum Command {
     /// Users mapped to their own sandbox: get a user's sandbox, see where they were moved and why.
     #[command(subcommand)]
     Workspace(WorkspaceCommand),
+    /// Lifecycle and policy events of the team's sandboxes, newest last (`GET /events/sandboxes`).
+    Events(EventsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct EventsArgs {
+    /// Only this sandbox's events (killed sandboxes too).
+    #[arg(long)]
+    pub sandbox: Option<String>,
+    /// Only events of this type: created, paused, resumed, updated, killed (repeatable).
+    #[arg(long = "type", short = 't')]
+    pub types: Vec<String>,
+    /// How many of the latest events to show first (at most 100).
+    #[arg(long, short = 'n', default_value_t = 20)]
+    pub limit: u32,
+    /// Keep printing new events as they happen, until interrupted.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
 }
 
 #[derive(Debug, Subcommand)]

@@ -235,6 +235,21 @@ impl ApiClient {
         .await
     }
 
+    /// `GET /events/sandboxes[/{id}]`: lifecycle events, with E2B's query parameters (`offset`,
+    /// `limit`, `orderAsc`, `types`) and Warren's `after` (events after this id only).
+    pub async fn lifecycle_events(
+        &self,
+        sandbox_id: Option<&str>,
+        query: &[(&str, String)],
+    ) -> Result<Vec<warren_proto::api::SandboxLifecycleEvent>, ApiError> {
+        let path = match sandbox_id {
+            Some(id) => format!("events/sandboxes/{}", path_segment(id)),
+            None => "events/sandboxes".to_string(),
+        };
+        self.send_json(self.request(Method::GET, &path)?.query(query))
+            .await
+    }
+
     /// Warren's own `GET /sandboxes/{id}/disk?count=N`.
     pub async fn sandbox_disk_usage(
         &self,

@@ -1,6 +1,7 @@
 //! What each `warren` subcommand does. Each returns the process exit code on success paths that
 //! still need a non-zero code (exec, partial kill), or a [`CommandError`] that maps to one.
 
+pub mod events;
 pub mod key;
 pub mod sandbox;
 pub mod shell;
@@ -59,6 +60,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Key(command) => key::run(&global, command).await,
         Command::Team(command) => key::run_team(&global, command).await,
         Command::Workspace(command) => workspace::run(&global, command).await,
+        Command::Events(args) => events::run(&global, args).await,
     }
 }
 

@@ -378,6 +378,25 @@ pub struct SandboxFile {
     pub bytes: u64,
 }
 
+/// One item of `GET /events/sandboxes[/{id}]` (E2B's lifecycle events API).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxLifecycleEvent {
+    pub version: String,
+    /// The store's sequence number of the event, as a string; increasing.
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// Warren's detail: `from` and `to` states, and `reason` when one was given.
+    pub event_data: Option<serde_json::Value>,
+    pub sandbox_build_id: Option<String>,
+    pub sandbox_execution_id: Option<String>,
+    pub sandbox_id: String,
+    pub sandbox_team_id: String,
+    pub sandbox_template_id: String,
+    pub timestamp: DateTime<Utc>,
+}
+
 /// `GET /sandboxes/{id}/logs`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod error;
+mod events;
 pub mod extract;
 mod meta;
 mod paging;
@@ -32,6 +33,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(sandboxes::router())
+        .merge(events::router())
         .merge(snapshots::router())
         .merge(templates::router())
         .merge(teams::router())

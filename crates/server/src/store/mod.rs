@@ -252,6 +252,33 @@ pub struct MetricSample {
     pub oom_kills: u64,
 }
 
+/// Which lifecycle events to read ([`Store::lifecycle_events`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EventQuery {
+    pub team_id: String,
+    /// One sandbox's, or every sandbox's of the team.
+    pub sandbox_id: Option<String>,
+    /// Only these types (`sandbox.lifecycle.created`, …); all when empty.
+    pub types: Vec<String>,
+    /// Events after this sequence number only (for following).
+    pub after_seq: Option<i64>,
+    pub offset: u64,
+    pub limit: u64,
+    /// Oldest first; newest first otherwise.
+    pub ascending: bool,
+}
+
+/// A stored event as E2B's lifecycle events API names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LifecycleEvent {
+    /// `sandbox.lifecycle.created`, `…paused`, `…resumed`, `…killed` (failures too) or `…updated`
+    /// (an event without a state change: a policy's report, a failed fork dump).
+    pub kind: String,
+    pub event: SandboxEvent,
+    pub team_id: String,
+    pub template_id: String,
+}
+
 /// One stored state transition.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SandboxEvent {
@@ -439,6 +466,10 @@ pub trait Store: Send + Sync {
     /// Running sandboxes whose end time is at or before `now`.
     async fn expired_sandboxes(&self, now: Millis) -> Result<Vec<SandboxRecord>, StoreError>;
     async fn sandbox_events(&self, id: &str) -> Result<Vec<SandboxEvent>, StoreError>;
+    /// Events of the kinds E2B's lifecycle API has (the steps in between, `creating` and the like,
+    /// are left out), of a team's sandboxes, killed ones included.
+    async fn lifecycle_events(&self, query: &EventQuery)
+        -> Result<Vec<LifecycleEvent>, StoreError>;
     /// Store an event that is no state change (`state → state`), e.g. a failed fork dump.
     async fn note_sandbox_event(
         &self,

@@ -15,9 +15,10 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
     sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord,
-    BuildRecord, ChecksumStatus, IdempotencyClaim, MetricSample, Millis, PauseKind, SandboxEvent,
-    SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord,
-    TemplateRecord, TemplateTag, TransitionUpdate, WorkspaceMove, WorkspaceRecord,
+    BuildRecord, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent, MetricSample,
+    Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord,
+    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WorkspaceMove,
+    WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -846,6 +847,73 @@ impl Store for SqliteStore {
             .fetch_all(&self.pool)
             .await?;
         rows.iter().map(event_from_row).collect()
+    }
+
+    async fn lifecycle_events(
+        &self,
+        query: &EventQuery,
+    ) -> Result<Vec<LifecycleEvent>, StoreError> {
+        use SandboxState::*;
+        // The type of an event, from its states: the transitions E2B reports, and notes that change
+        // no state; the rest (steps in between) have none and are left out.
+        let kind = format!(
+            "CASE \
+               WHEN e.from_state = '{creating}' AND e.to_state = '{running}' THEN 'sandbox.lifecycle.created' \
+               WHEN e.from_state = '{resuming}' AND e.to_state = '{running}' THEN 'sandbox.lifecycle.resumed' \
+               WHEN e.from_state = '{pausing}' AND e.to_state = '{paused}' THEN 'sandbox.lifecycle.paused' \
+               WHEN e.to_state IN ('{killed}', '{failed}') AND e.from_state IS NOT e.to_state \
+                 THEN 'sandbox.lifecycle.killed' \
+               WHEN e.from_state = e.to_state THEN 'sandbox.lifecycle.updated' \
+             END",
+            creating = Creating.as_str(),
+            running = Running.as_str(),
+            resuming = Resuming.as_str(),
+            pausing = Pausing.as_str(),
+            paused = Paused.as_str(),
+            killed = Killed.as_str(),
+            failed = Failed.as_str(),
+        );
+        let mut sql: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
+            "SELECT * FROM (SELECT e.*, s.team_id AS team_id, s.template_id AS template_id, \
+             {kind} AS kind FROM sandbox_events e JOIN sandboxes s ON s.id = e.sandbox_id \
+             WHERE s.team_id = "
+        ));
+        sql.push_bind(&query.team_id);
+        if let Some(id) = &query.sandbox_id {
+            sql.push(" AND e.sandbox_id = ").push_bind(id);
+        }
+        if let Some(seq) = query.after_seq {
+            sql.push(" AND e.seq > ").push_bind(seq);
+        }
+        sql.push(") WHERE kind IS NOT NULL");
+        if !query.types.is_empty() {
+            sql.push(" AND kind IN (");
+            let mut list = sql.separated(", ");
+            for kind in &query.types {
+                list.push_bind(kind);
+            }
+            sql.push(")");
+        }
+        sql.push(if query.ascending {
+            " ORDER BY seq ASC"
+        } else {
+            " ORDER BY seq DESC"
+        });
+        sql.push(" LIMIT ")
+            .push_bind(i64::try_from(query.limit).unwrap_or(i64::MAX))
+            .push(" OFFSET ")
+            .push_bind(i64::try_from(query.offset).unwrap_or(i64::MAX));
+        let rows = sql.build().fetch_all(&self.pool).await?;
+        rows.iter()
+            .map(|row| {
+                Ok(LifecycleEvent {
+                    kind: row.try_get("kind")?,
+                    team_id: row.try_get("team_id")?,
+                    template_id: row.try_get("template_id")?,
+                    event: event_from_row(row)?,
+                })
+            })
+            .collect()
     }
 
     async fn note_sandbox_event(
