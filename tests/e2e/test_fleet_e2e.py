@@ -271,3 +271,43 @@ def test_lifecycle_events_in_e2b_shape_for_the_team_only(sdk_env, warren):
     assert printed.returncode == 0, printed.stdout + printed.stderr
     kinds = [line.split()[2] for line in printed.stdout.splitlines()]
     assert kinds == ["created", "paused", "resumed", "killed"], printed.stdout
+
+
+def _state(api, sandbox_id):
+    got = api.get(f"/sandboxes/{sandbox_id}")
+    return got.json()["state"] if got.status_code == 200 else f"gone ({got.status_code})"
+
+
+def test_the_idle_policy_ends_a_sandbox_only_once_nothing_uses_it(sdk_env):
+    from e2b import Sandbox
+
+    with _api(sdk_env) as api:
+        sandbox_id = _create(api, {"idleTimeoutSecs": 3})
+        paused_id = None
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            # A command streaming for longer than the idle timeout is use.
+            assert sandbox.commands.run("sleep 6 && echo done", timeout=60).stdout == "done\n"
+            # So is a command still running after its client went away.
+            handle = sandbox.commands.run("sleep 8", background=True)
+            handle.disconnect()
+            time.sleep(6)
+            assert _state(api, sandbox_id) == "running"
+            _poll("the idle sandbox to be killed", lambda: _state(api, sandbox_id) != "running", POLICY_WAIT_S)
+            killed = api.get(f"/events/sandboxes/{sandbox_id}", params={"limit": 1}).json()[0]
+            assert killed["type"] == "sandbox.lifecycle.killed", killed
+            assert "idle for 3 s" in killed["eventData"]["reason"], killed
+
+            made = api.post(
+                "/sandboxes",
+                json={"templateID": "base", "timeout": 300, "autoPause": True, "policies": {"idleTimeoutSecs": 2}},
+            )
+            assert made.status_code == 201, made.text
+            paused_id = made.json()["sandboxID"]
+            _poll("the idle auto-pause sandbox to pause", lambda: _state(api, paused_id) == "paused", POLICY_WAIT_S)
+            resumed = Sandbox.connect(paused_id, timeout=300)
+            assert resumed.commands.run("echo back").stdout == "back\n"
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")
+            if paused_id:
+                api.delete(f"/sandboxes/{paused_id}")

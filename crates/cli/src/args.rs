@@ -203,6 +203,11 @@ pub struct UpArgs {
     /// An event names a sandbox's largest files when its disk is this percent full (0: never).
     #[arg(long, env = "WARREN_DISK_ALERT_PERCENT", default_value_t = 90.0)]
     pub disk_alert_percent: f64,
+    /// End sandboxes idle this many seconds (no request through the proxy, no command running but
+    /// the template's start command): pause with autoPause, else kill. 0: never (a sandbox can ask
+    /// for its own with `policies.idleTimeoutSecs`).
+    #[arg(long, env = "WARREN_IDLE_TIMEOUT_SECS", default_value_t = 0)]
+    pub idle_timeout_secs: u64,
     /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
     /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
     /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).

@@ -79,6 +79,9 @@ pub struct MonitorConfig {
     /// An event names a sandbox's largest files when its writable layer is this percent full (0:
     /// never).
     pub disk_alert_percent: f64,
+    /// End a sandbox idle this long (no proxied request, no command but its start command); `None`:
+    /// never, unless the sandbox asks (`policies.idleTimeoutSecs`).
+    pub idle_timeout: Option<Duration>,
 }
 
 impl Default for MonitorConfig {
@@ -89,6 +92,7 @@ impl Default for MonitorConfig {
             runaway: RunawayPolicy::default(),
             memory_alert_percent: 90.0,
             disk_alert_percent: 90.0,
+            idle_timeout: None,
         }
     }
 }

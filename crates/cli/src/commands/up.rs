@@ -125,6 +125,8 @@ fn server_config(
         },
         memory_alert_percent: args.memory_alert_percent.max(0.0),
         disk_alert_percent: args.disk_alert_percent.max(0.0),
+        idle_timeout: (args.idle_timeout_secs > 0)
+            .then(|| std::time::Duration::from_secs(args.idle_timeout_secs)),
     };
     config
 }

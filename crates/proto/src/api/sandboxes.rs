@@ -62,6 +62,11 @@ pub struct SandboxPolicies {
     /// Percent of the disk used at which an event names the largest files (0: never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_alert_percent: Option<f64>,
+    /// End the sandbox (pause with autoPause, else kill) once it has been idle this many seconds:
+    /// no request through the proxy and no command running but the template's start command (0:
+    /// never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout_secs: Option<u64>,
 }
 
 /// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and

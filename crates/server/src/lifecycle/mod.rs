@@ -1,6 +1,7 @@
 //! Sandbox lifecycle: the state machine, admission, the operations the API and the proxy call, the
 //! timeout scheduler and start-up reconciliation.
 
+pub mod activity;
 pub mod admission;
 pub mod agent_init;
 mod idempotency;

@@ -206,6 +206,36 @@ struct SandboxAlerts {
     disk: Alarm,
     /// The OOM count last seen (None: not yet in this server's run).
     oom_kills: Option<u64>,
+    /// When this server run first saw the sandbox running, or last found a command running in it:
+    /// the idle clock starts no earlier.
+    busy_at: Millis,
+}
+
+/// The idle timeout that applies to `record`: its own, else the server's; `None` when off.
+pub fn idle_timeout(
+    default: Option<std::time::Duration>,
+    record: &SandboxRecord,
+) -> Option<std::time::Duration> {
+    match record.policies.idle_timeout_secs {
+        Some(0) => None,
+        Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
+        None => default,
+    }
+}
+
+/// Whether a sandbox last busy at `busy_at` and used through the proxy as `used` says has been idle
+/// for `limit` at `now`.
+pub fn idle_for(
+    limit: std::time::Duration,
+    busy_at: Millis,
+    used: Option<super::activity::Use>,
+    now: Millis,
+) -> bool {
+    if used.is_some_and(|u| u.open > 0) {
+        return false;
+    }
+    let last = used.map_or(busy_at, |u| u.last.max(busy_at));
+    now.saturating_sub(last) >= limit.as_millis() as Millis
 }
 
 /// What the monitor remembers between passes.
@@ -223,6 +253,30 @@ pub struct PassReport {
     pub killed: Vec<(String, u32)>,
     /// Every event the pass recorded, as (sandbox, text).
     pub events: Vec<(String, String)>,
+    /// Sandboxes the idle policy ended.
+    pub idle_ended: Vec<String>,
+}
+
+/// Whether the agent of `record` runs a command or PTY for a client (the template's start command
+/// does not count). An agent that cannot be asked counts as busy: the sandbox is left alone.
+async fn running_commands(record: &SandboxRecord) -> bool {
+    let Some(ip) = record.ip else {
+        return true;
+    };
+    let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
+    let commands = crate::templates::build::agent_commands::EnvdCommands::new()
+        .with_access_token(record.envd_access_token.clone());
+    let asked = tokio::task::spawn_blocking(move || commands.running_tags(addr)).await;
+    match asked {
+        Ok(Ok(tags)) => tags.iter().any(|tag| {
+            tag.as_deref() != Some(crate::templates::build::agent_commands::START_CMD_TAG)
+        }),
+        Ok(Err(error)) => {
+            tracing::debug!(sandbox = %record.id, %error, "cannot ask the agent for its processes");
+            true
+        }
+        Err(_) => true,
+    }
 }
 
 fn mib(bytes: u64) -> String {
@@ -317,7 +371,13 @@ pub async fn pass(
             continue;
         };
         let sample = sample_of(record, &stats, now);
-        let alerts = state.sandboxes.entry(id.to_string()).or_default();
+        let alerts = state
+            .sandboxes
+            .entry(id.to_string())
+            .or_insert_with(|| SandboxAlerts {
+                busy_at: now,
+                ..SandboxAlerts::default()
+            });
         let last_oom = match alerts.oom_kills {
             Some(count) => count,
             None => lifecycle
@@ -395,10 +455,34 @@ pub async fn pass(
             note(lifecycle, &mut report, id, "disk_full", "reported", text).await;
         }
         samples.push(sample);
+        if let Some(limit) = idle_timeout(config.idle_timeout, record) {
+            let used = lifecycle.activity().of(id);
+            if idle_for(limit, alerts.busy_at, used, now) {
+                if running_commands(record).await {
+                    alerts.busy_at = now;
+                } else {
+                    let reason = format!(
+                        "idle for {} s (no request through the proxy, no command running): ended by the idle policy",
+                        limit.as_secs()
+                    );
+                    match lifecycle.end_early(id, &reason).await {
+                        Ok(Some(ended)) => {
+                            lifecycle.metrics().policy_action("idle", ended.as_str());
+                            report.idle_ended.push(id.to_string());
+                        }
+                        Ok(None) => {}
+                        Err(error) => {
+                            tracing::warn!(sandbox = %id, %error, "the idle policy could not end the sandbox")
+                        }
+                    }
+                }
+            }
+        }
     }
     let live: HashSet<&str> = running.iter().map(|r| r.id.as_str()).collect();
     state.runaways.retain_sandboxes(&live);
     state.sandboxes.retain(|id, _| live.contains(id.as_str()));
+    lifecycle.activity().retain(|id| live.contains(id));
     report.sampled = samples.len();
     let store = lifecycle.store();
     store.insert_metric_samples(&samples).await?;
@@ -504,6 +588,29 @@ mod tests {
         assert_eq!(new_oom_kills(0, 0), 0);
         assert_eq!(new_oom_kills(2, 5), 3);
         assert_eq!(new_oom_kills(5, 1), 1, "a new cgroup after a restore");
+    }
+
+    #[test]
+    fn idle_means_nothing_open_and_nothing_since_the_limit() {
+        use super::super::activity::Use;
+        let limit = Duration::from_secs(10);
+        assert!(!idle_for(limit, 0, None, 9_999));
+        assert!(idle_for(limit, 0, None, 10_000));
+        let open = Use { open: 1, last: 0 };
+        assert!(
+            !idle_for(limit, 0, Some(open), 60_000),
+            "an open request is use"
+        );
+        let ended = Use {
+            open: 0,
+            last: 30_000,
+        };
+        assert!(!idle_for(limit, 0, Some(ended), 39_999));
+        assert!(idle_for(limit, 0, Some(ended), 40_000));
+        assert!(
+            !idle_for(limit, 35_000, Some(ended), 40_000),
+            "busy later than the last request"
+        );
     }
 
     #[test]

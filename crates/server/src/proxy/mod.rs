@@ -25,7 +25,8 @@ use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
 use warren_proto::envd::ENVD_PORT;
 
-use crate::lifecycle::{Lifecycle, RouteError};
+use crate::lifecycle::activity::ActivityGuard;
+use crate::lifecycle::{now_millis, Lifecycle, RouteError};
 use crate::metrics::Metrics;
 use target::{target_of, Target, TargetError};
 
@@ -46,6 +47,32 @@ pub struct Proxy {
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
     client: Client<HttpConnector, Incoming>,
+}
+
+/// A response body that keeps its sandbox's request open (for the idle policy) until it is done.
+struct Guarded {
+    inner: ProxyBody,
+    _open: ActivityGuard,
+}
+
+impl hyper::body::Body for Guarded {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        std::pin::Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
 }
 
 fn body_of(bytes: impl Into<Bytes>) -> ProxyBody {
@@ -166,11 +193,20 @@ impl Proxy {
         }
         let addr = SocketAddr::from((route.ip, target.port));
         let request = Request::from_parts(parts, body);
+        let open = self
+            .lifecycle
+            .activity()
+            .begin(&target.sandbox_id, now_millis());
         let response =
             if request.headers().contains_key(UPGRADE) && request.version() == Version::HTTP_11 {
-                self.forward_upgrade(request, addr, &target).await
+                self.forward_upgrade(request, addr, &target, open).await
             } else {
-                self.forward(request, addr, &target).await
+                let (parts, body) = self.forward(request, addr, &target).await.into_parts();
+                let body = Guarded {
+                    inner: body,
+                    _open: open,
+                };
+                Response::from_parts(parts, body.boxed())
             };
         self.metrics
             .proxy_request(if response.status() == StatusCode::BAD_GATEWAY {
@@ -273,6 +309,7 @@ impl Proxy {
         mut request: Request<Incoming>,
         addr: SocketAddr,
         target: &Target,
+        open: ActivityGuard,
     ) -> Response<ProxyBody> {
         let client_upgrade = hyper::upgrade::on(&mut request);
         let stream = match TcpStream::connect(addr).await {
@@ -315,6 +352,8 @@ impl Proxy {
         if response.status() == StatusCode::SWITCHING_PROTOCOLS {
             let server_upgrade = hyper::upgrade::on(&mut response);
             tokio::spawn(async move {
+                // The upgraded connection counts as a request open for as long as it lasts.
+                let _open = open;
                 match tokio::try_join!(client_upgrade, server_upgrade) {
                     Ok((client, server)) => {
                         let mut client = TokioIo::new(client);

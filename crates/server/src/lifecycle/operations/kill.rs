@@ -74,10 +74,8 @@ impl Lifecycle {
                 let now = now_millis();
                 record.end_at = now;
                 self.store.set_sandbox_end(id, now, now).await?;
-            } else if record.auto_pause {
-                self.pause_locked(&mut record, "timeout set to 0").await?;
             } else {
-                self.kill_locked(&mut record, "timeout set to 0").await?;
+                self.end_locked(&mut record, "timeout set to 0").await?;
             }
             return Ok(record);
         }
@@ -102,11 +100,35 @@ impl Lifecycle {
             Some(record) if record.state == SandboxState::Running && record.end_at <= now => record,
             _ => return Ok(None),
         };
-        if record.auto_pause {
-            self.pause_locked(&mut record, "timeout").await?;
-        } else {
-            self.kill_locked(&mut record, "timeout").await?;
-        }
+        self.end_locked(&mut record, "timeout").await?;
         Ok(Some(record.state))
+    }
+
+    /// Ends a running sandbox the way its time running out would, for `reason` (the idle policy's);
+    /// `None` when it is not running (any more).
+    pub async fn end_early(
+        &self,
+        id: &str,
+        reason: &str,
+    ) -> Result<Option<SandboxState>, LifecycleError> {
+        let (_held, mut record) = self.lock_live(id).await?;
+        if record.state != SandboxState::Running {
+            return Ok(None);
+        }
+        self.end_locked(&mut record, reason).await?;
+        Ok(Some(record.state))
+    }
+
+    /// Pause (autoPause) or kill a running sandbox whose lock the caller holds.
+    async fn end_locked(
+        &self,
+        record: &mut SandboxRecord,
+        reason: &str,
+    ) -> Result<(), LifecycleError> {
+        if record.auto_pause {
+            self.pause_locked(record, reason).await.map(drop)
+        } else {
+            self.kill_locked(record, reason).await
+        }
     }
 }

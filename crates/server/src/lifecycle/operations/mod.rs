@@ -106,6 +106,8 @@ pub struct Lifecycle {
     admission: tokio::sync::Mutex<()>,
     /// Running sandboxes' addresses (and the ones being killed), for the proxy's fast path.
     routes: RouteTable,
+    /// Requests through the proxy, per sandbox (the idle policy's input).
+    activity: Arc<crate::lifecycle::activity::Activity>,
 }
 
 fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
@@ -147,7 +149,13 @@ impl Lifecycle {
             locks: Mutex::new(HashMap::new()),
             admission: tokio::sync::Mutex::new(()),
             routes: RouteTable::default(),
+            activity: Arc::default(),
         }
+    }
+
+    /// Requests through the proxy, per sandbox.
+    pub fn activity(&self) -> &Arc<crate::lifecycle::activity::Activity> {
+        &self.activity
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {

@@ -42,7 +42,12 @@ pub struct CommandSpec {
     pub env: BTreeMap<String, String>,
     pub cwd: String,
     pub user: String,
+    /// envd's process tag (`process.Process/List` reports it).
+    pub tag: Option<String>,
 }
+
+/// The tag a template's start_cmd runs under: the idle policy does not count it as work.
+pub const START_CMD_TAG: &str = "warren-start-cmd";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputStream {
@@ -124,6 +129,64 @@ impl EnvdCommands {
         self
     }
 
+    /// The tags of the processes the agent at `addr` runs for its clients (`process.Process/List`;
+    /// `None` for untagged ones).
+    pub fn running_tags(&self, addr: SocketAddr) -> Result<Vec<Option<String>>, CommandError> {
+        let url = format!("http://{addr}/process.Process/List");
+        let mut request = self
+            .agent
+            .post(&url)
+            .set("Content-Type", "application/json")
+            .set("Connect-Protocol-Version", "1")
+            .set(
+                "Authorization",
+                &format!(
+                    "Basic {}",
+                    base64::engine::general_purpose::STANDARD.encode("root:")
+                ),
+            );
+        if let Some(token) = &self.access_token {
+            request = request.set("X-Access-Token", token);
+        }
+        let text = match request.send_string("{}") {
+            Ok(response) => response
+                .into_string()
+                .map_err(|e| CommandError::Transport {
+                    addr,
+                    message: e.to_string(),
+                })?,
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let (code, message) =
+                    error_fields(&text).unwrap_or_else(|| (status.to_string(), text));
+                return Err(CommandError::Rpc {
+                    addr,
+                    code,
+                    message,
+                });
+            }
+            Err(error) => {
+                return Err(CommandError::Transport {
+                    addr,
+                    message: error.to_string(),
+                })
+            }
+        };
+        let value: Value = serde_json::from_str(&text).map_err(|e| CommandError::Protocol {
+            addr,
+            message: format!("process list: {e}"),
+        })?;
+        Ok(value
+            .get("processes")
+            .and_then(Value::as_array)
+            .map(|list| {
+                list.iter()
+                    .map(|p| p.get("tag").and_then(Value::as_str).map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     fn start(
         &self,
         addr: SocketAddr,
@@ -148,7 +211,7 @@ impl EnvdCommands {
                 cwd: Some(command.cwd.clone()),
             }),
             pty: None,
-            tag: None,
+            tag: command.tag.clone(),
             stdin: Some(false),
         };
         let body = encode_envelope(0, &Codec::Proto.encode(&request));

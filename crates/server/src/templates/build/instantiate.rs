@@ -101,12 +101,20 @@ pub fn run_start_cmd(
         env: built.env.clone(),
         cwd: built.workdir.clone(),
         user: built.user.clone(),
+        tag: None,
     };
     let Some(start_cmd) = built.start_cmd.as_deref() else {
         return Err(InstantiateError::StartExited { id, code: -1 });
     };
     let process = commands
-        .spawn(sandbox.agent_addr(), &shell(start_cmd), Box::new(|_, _| {}))
+        .spawn(
+            sandbox.agent_addr(),
+            &CommandSpec {
+                tag: Some(super::agent_commands::START_CMD_TAG.into()),
+                ..shell(start_cmd)
+            },
+            Box::new(|_, _| {}),
+        )
         .map_err(command_err)?;
     let started = Instant::now();
     loop {

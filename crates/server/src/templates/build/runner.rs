@@ -409,6 +409,7 @@ impl<'a> TemplateBuilder<'a> {
                     env: step.state.vars(),
                     cwd: step.state.workdir.clone(),
                     user: below.user_name(&step.state.user),
+                    tag: None,
                 };
                 let code = self
                     .run_logged(sandbox.agent_addr(), &command, &step.id, job)
@@ -554,6 +555,7 @@ impl<'a> TemplateBuilder<'a> {
             env: plan.final_state.env.clone(),
             cwd: plan.final_state.workdir.clone(),
             user: user.clone(),
+            tag: None,
         };
         job.log(
             LogLevel::Info,
@@ -566,7 +568,10 @@ impl<'a> TemplateBuilder<'a> {
             .commands
             .spawn(
                 sandbox.agent_addr(),
-                &shell(start_cmd),
+                &CommandSpec {
+                    tag: Some(super::agent_commands::START_CMD_TAG.into()),
+                    ..shell(start_cmd)
+                },
                 Box::new(move |_, bytes| {
                     for line in splitter.push(bytes) {
                         log_job.log(LogLevel::Info, Some(FINALIZE_STEP), line);
