@@ -311,3 +311,47 @@ def test_the_idle_policy_ends_a_sandbox_only_once_nothing_uses_it(sdk_env):
             api.delete(f"/sandboxes/{sandbox_id}")
             if paused_id:
                 api.delete(f"/sandboxes/{paused_id}")
+
+
+ORPHANS = (
+    "for i in 1 2 3; do (exec -a orphan-worker sleep 600 >/dev/null 2>&1 &); done; echo started"
+)
+
+
+def test_orphans_left_by_a_finished_command_are_listed_and_reaped_on_resume(sdk_env, warren):
+    from e2b import Sandbox
+
+    with _api(sdk_env) as api:
+        sandbox_id = _create(api, {"reapOrphansOnResume": True})
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            kept = sandbox.commands.run("sleep 600 # wt-kept", background=True)
+            assert sandbox.commands.run(ORPHANS).stdout == "started\n"
+
+            def orphans():
+                listed = api.get(f"/sandboxes/{sandbox_id}/orphans")
+                assert listed.status_code == 200, listed.text
+                return listed.json()
+
+            found = _poll("three orphans", lambda: len(orphans()) == 3 and orphans(), 30)
+            assert all(p["command"].startswith("orphan-worker") and p["ppid"] == 1 for p in found), found
+            listed = warren.cli("sandbox", "orphans", sandbox_id)
+            assert listed.returncode == 0 and listed.stdout.count("orphan-worker") == 3, listed.stdout
+
+            sandbox.pause()
+            Sandbox.connect(sandbox_id, timeout=300)
+            assert orphans() == [], "reaped on resume"
+            processes = api.get(f"/sandboxes/{sandbox_id}/processes").json()
+            assert kept.pid in [p["pid"] for p in processes], "the agent's own background command lives on"
+            assert not _commands(processes, "orphan-worker"), processes
+            reaped = _event(api, sandbox_id, "reaped 3 orphaned process(es) (on resume)")
+            assert reaped[0].count("orphan-worker") == 3, reaped
+
+            assert sandbox.commands.run(ORPHANS).stdout == "started\n"
+            _poll("new orphans", lambda: len(orphans()) == 3, 30)
+            killed = warren.cli("sandbox", "orphans", sandbox_id, "--kill")
+            assert killed.returncode == 0 and "killed 3 orphaned process(es)" in killed.stdout, killed.stdout
+            assert orphans() == []
+            kept.kill()
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")

@@ -208,6 +208,10 @@ pub struct UpArgs {
     /// for its own with `policies.idleTimeoutSecs`).
     #[arg(long, env = "WARREN_IDLE_TIMEOUT_SECS", default_value_t = 0)]
     pub idle_timeout_secs: u64,
+    /// Kill a sandbox's orphaned processes (what its finished commands left running) each time it is
+    /// resumed (a sandbox can ask for its own with `policies.reapOrphansOnResume`).
+    #[arg(long, env = "WARREN_REAP_ORPHANS_ON_RESUME")]
+    pub reap_orphans_on_resume: bool,
     /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
     /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
     /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).
@@ -287,6 +291,15 @@ pub enum SandboxCommand {
         /// Signal name or number.
         #[arg(long, short = 's', default_value = "KILL")]
         signal: String,
+    },
+    /// List a running sandbox's orphaned processes (left running by finished commands); --kill ends
+    /// them.
+    Orphans {
+        /// Sandbox ID.
+        id: String,
+        /// Kill them (SIGKILL).
+        #[arg(long)]
+        kill: bool,
     },
     /// Show how full a running sandbox's disk is and the largest files it wrote.
     Du {

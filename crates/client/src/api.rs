@@ -263,6 +263,17 @@ impl ApiClient {
         .await
     }
 
+    /// Warren's own `GET /sandboxes/{id}/orphans` (or `DELETE` with `kill`, which ends them).
+    pub async fn sandbox_orphans(
+        &self,
+        id: &str,
+        kill: bool,
+    ) -> Result<Vec<warren_proto::api::SandboxProcess>, ApiError> {
+        let method = if kill { Method::DELETE } else { Method::GET };
+        self.send_json(self.request(method, &format!("sandboxes/{}/orphans", path_segment(id)))?)
+            .await
+    }
+
     /// Warren's own `DELETE /sandboxes/{id}/processes/{pid}?signal=…`.
     pub async fn signal_process(&self, id: &str, pid: u32, signal: &str) -> Result<(), ApiError> {
         self.send(

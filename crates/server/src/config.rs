@@ -82,6 +82,8 @@ pub struct MonitorConfig {
     /// End a sandbox idle this long (no proxied request, no command but its start command); `None`:
     /// never, unless the sandbox asks (`policies.idleTimeoutSecs`).
     pub idle_timeout: Option<Duration>,
+    /// Kill each sandbox's orphaned processes when it is resumed (a sandbox can ask for its own).
+    pub reap_orphans_on_resume: bool,
 }
 
 impl Default for MonitorConfig {
@@ -93,6 +95,7 @@ impl Default for MonitorConfig {
             memory_alert_percent: 90.0,
             disk_alert_percent: 90.0,
             idle_timeout: None,
+            reap_orphans_on_resume: false,
         }
     }
 }

@@ -55,17 +55,33 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
         }
         SandboxCommand::Metrics { id, since } => metrics(global, &id, since).await,
         SandboxCommand::Du { id, count } => du(global, &id, count).await,
+        SandboxCommand::Orphans { id, kill } => orphans(global, &id, kill).await,
     }
 }
 
 async fn top(global: &GlobalArgs, id: &str) -> Result<i32, CommandError> {
     let processes = api_client(global)?.sandbox_processes(id).await?;
+    print_processes(global, &processes)
+}
+
+async fn orphans(global: &GlobalArgs, id: &str, kill: bool) -> Result<i32, CommandError> {
+    let processes = api_client(global)?.sandbox_orphans(id, kill).await?;
+    if kill && !global.json {
+        println!("killed {} orphaned process(es)", processes.len());
+    }
+    print_processes(global, &processes)
+}
+
+fn print_processes(
+    global: &GlobalArgs,
+    processes: &[warren_client::types::SandboxProcess],
+) -> Result<i32, CommandError> {
     if global.json {
         print_json(&processes)?;
         return Ok(exit_code::OK);
     }
     let mut table = Table::new(["pid", "ppid", "user", "cpu", "rss", "started", "command"]);
-    for p in &processes {
+    for p in processes {
         table.row([
             p.pid.to_string(),
             p.ppid.to_string(),

@@ -127,6 +127,7 @@ fn server_config(
         disk_alert_percent: args.disk_alert_percent.max(0.0),
         idle_timeout: (args.idle_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(args.idle_timeout_secs)),
+        reap_orphans_on_resume: args.reap_orphans_on_resume,
     };
     config
 }

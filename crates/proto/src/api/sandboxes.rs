@@ -67,6 +67,10 @@ pub struct SandboxPolicies {
     /// never).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout_secs: Option<u64>,
+    /// Kill the sandbox's orphaned processes (what finished commands left running) each time it is
+    /// resumed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reap_orphans_on_resume: Option<bool>,
 }
 
 /// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and

@@ -38,6 +38,10 @@ pub fn router() -> Router<AppState> {
         .route("/sandboxes/{id}/processes", get(processes))
         .route("/sandboxes/{id}/disk", get(disk_usage))
         .route(
+            "/sandboxes/{id}/orphans",
+            get(list_orphans).delete(reap_orphans),
+        )
+        .route(
             "/sandboxes/{id}/processes/{pid}",
             axum::routing::delete(signal_process),
         )
@@ -770,19 +774,44 @@ async fn processes(
             .total_cmp(&a.cpu_percent)
             .then(a.pid.cmp(&b.pid))
     });
-    Ok(Json(
-        list.into_iter()
-            .map(|p| api::SandboxProcess {
-                pid: p.pid,
-                ppid: p.ppid,
-                user: p.user,
-                command: p.command,
-                cpu_percent: p.cpu_percent,
-                rss_bytes: p.rss_bytes,
-                started_at: DateTime::<Utc>::from(p.started_at),
-            })
-            .collect(),
-    ))
+    Ok(Json(api_processes(list)))
+}
+
+fn api_processes(list: Vec<warren_runtime::ProcessInfo>) -> Vec<api::SandboxProcess> {
+    list.into_iter()
+        .map(|p| api::SandboxProcess {
+            pid: p.pid,
+            ppid: p.ppid,
+            user: p.user,
+            command: p.command,
+            cpu_percent: p.cpu_percent,
+            rss_bytes: p.rss_bytes,
+            started_at: DateTime::<Utc>::from(p.started_at),
+        })
+        .collect()
+}
+
+/// Warren's own `GET /sandboxes/{id}/orphans`: the processes finished commands left running (adopted
+/// by the sandbox's init, not started by its agent for a client), with their descendants.
+async fn list_orphans(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::SandboxProcess>>, ApiError> {
+    key.sandbox(&state, &id).await?;
+    Ok(Json(api_processes(state.lifecycle.orphans(&id).await?)))
+}
+
+/// Warren's own `DELETE /sandboxes/{id}/orphans`: kills them; answers the ones killed.
+async fn reap_orphans(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Vec<api::SandboxProcess>>, ApiError> {
+    key.sandbox(&state, &id).await?;
+    Ok(Json(api_processes(
+        state.lifecycle.reap_orphans(&id, "on request").await?,
+    )))
 }
 
 /// Warren's own `GET /sandboxes/{id}/disk?count=N`: how full a running sandbox's writable layer is

@@ -266,10 +266,10 @@ async fn running_commands(record: &SandboxRecord) -> bool {
     let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
     let commands = crate::templates::build::agent_commands::EnvdCommands::new()
         .with_access_token(record.envd_access_token.clone());
-    let asked = tokio::task::spawn_blocking(move || commands.running_tags(addr)).await;
+    let asked = tokio::task::spawn_blocking(move || commands.running(addr)).await;
     match asked {
-        Ok(Ok(tags)) => tags.iter().any(|tag| {
-            tag.as_deref() != Some(crate::templates::build::agent_commands::START_CMD_TAG)
+        Ok(Ok(running)) => running.iter().any(|p| {
+            p.tag.as_deref() != Some(crate::templates::build::agent_commands::START_CMD_TAG)
         }),
         Ok(Err(error)) => {
             tracing::debug!(sandbox = %record.id, %error, "cannot ask the agent for its processes");

@@ -5,6 +5,7 @@
 mod create;
 mod kill;
 mod network;
+mod orphans;
 mod pause;
 mod query;
 mod resume;

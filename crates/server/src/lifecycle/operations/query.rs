@@ -43,7 +43,7 @@ impl Lifecycle {
     }
 
     /// A running sandbox's record; a paused one has no processes to list or signal (409).
-    async fn running_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
+    pub(super) async fn running_record(&self, id: &str) -> Result<SandboxRecord, LifecycleError> {
         let record = self.live_record(id).await?;
         if record.state != SandboxState::Running {
             return Err(LifecycleError::Conflict(format!(

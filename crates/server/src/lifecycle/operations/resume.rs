@@ -42,6 +42,16 @@ impl Lifecycle {
             }
         }
         self.resume_locked(&mut record, now + timeout).await?;
+        let reap = record
+            .policies
+            .reap_orphans_on_resume
+            .unwrap_or(self.config.monitor.reap_orphans_on_resume);
+        if reap {
+            // The sandbox runs again either way; a failed reap is logged, not the resume's failure.
+            if let Err(error) = self.reap_orphans(id, "on resume").await {
+                tracing::warn!(sandbox = %id, %error, "cannot reap orphaned processes on resume");
+            }
+        }
         Ok((record, ResumeOutcome::Resumed))
     }
 

@@ -46,6 +46,14 @@ pub struct CommandSpec {
     pub tag: Option<String>,
 }
 
+/// A process an agent runs for a client, as `process.Process/List` names it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunningProcess {
+    /// As the sandbox numbers it.
+    pub pid: u32,
+    pub tag: Option<String>,
+}
+
 /// The tag a template's start_cmd runs under: the idle policy does not count it as work.
 pub const START_CMD_TAG: &str = "warren-start-cmd";
 
@@ -129,9 +137,8 @@ impl EnvdCommands {
         self
     }
 
-    /// The tags of the processes the agent at `addr` runs for its clients (`process.Process/List`;
-    /// `None` for untagged ones).
-    pub fn running_tags(&self, addr: SocketAddr) -> Result<Vec<Option<String>>, CommandError> {
+    /// The processes the agent at `addr` runs for its clients (`process.Process/List`).
+    pub fn running(&self, addr: SocketAddr) -> Result<Vec<RunningProcess>, CommandError> {
         let url = format!("http://{addr}/process.Process/List");
         let mut request = self
             .agent
@@ -181,7 +188,14 @@ impl EnvdCommands {
             .and_then(Value::as_array)
             .map(|list| {
                 list.iter()
-                    .map(|p| p.get("tag").and_then(Value::as_str).map(str::to_string))
+                    .map(|p| RunningProcess {
+                        pid: p
+                            .get("pid")
+                            .and_then(Value::as_u64)
+                            .and_then(|pid| u32::try_from(pid).ok())
+                            .unwrap_or(0),
+                        tag: p.get("tag").and_then(Value::as_str).map(str::to_string),
+                    })
                     .collect()
             })
             .unwrap_or_default())
