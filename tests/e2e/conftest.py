@@ -204,6 +204,9 @@ def warren():
             # A sample a second, so the metrics tests (test_fleet_e2e.py) see a series in seconds.
             "--metrics-interval-secs",
             "1",
+            # Webhook retries a second apart instead of ten (test_webhooks_e2e.py).
+            "--webhook-retry-secs",
+            "1",
         ],
         stdout=subprocess.PIPE,
         stderr=log_file,

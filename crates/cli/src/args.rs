@@ -208,6 +208,9 @@ pub struct UpArgs {
     /// for its own with `policies.idleTimeoutSecs`).
     #[arg(long, env = "WARREN_IDLE_TIMEOUT_SECS", default_value_t = 0)]
     pub idle_timeout_secs: u64,
+    /// Seconds a failed webhook delivery waits before each of its three retries.
+    #[arg(long, env = "WARREN_WEBHOOK_RETRY_SECS", default_value_t = 10)]
+    pub webhook_retry_secs: u64,
     /// Kill a sandbox's orphaned processes (what its finished commands left running) each time it is
     /// resumed (a sandbox can ask for its own with `policies.reapOrphansOnResume`).
     #[arg(long, env = "WARREN_REAP_ORPHANS_ON_RESUME")]

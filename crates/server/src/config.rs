@@ -47,6 +47,8 @@ pub struct ServerConfig {
     pub snapshot_retention: SnapshotRetention,
     /// Resource sampling and the runaway-process policy (`lifecycle::monitor`).
     pub monitor: MonitorConfig,
+    /// How long a failed webhook delivery waits before it is tried again (three retries).
+    pub webhook_retry_interval: Duration,
     /// Let the runtime switch the host to expedited RCU grace periods (faster creates; see
     /// `warren_runtime::LinuxRuntimeConfig::expedite_rcu`).
     pub expedite_rcu: bool,
@@ -204,6 +206,7 @@ impl ServerConfig {
             agent_init_timeout: Duration::from_secs(10),
             snapshot_retention: SnapshotRetention::default(),
             monitor: MonitorConfig::default(),
+            webhook_retry_interval: Duration::from_secs(10),
             expedite_rcu: true,
             no_new_privs: false,
             egress_resolvers: Vec::new(),

@@ -15,6 +15,7 @@ pub mod runtime_host;
 pub mod store;
 pub mod templates;
 pub mod tls;
+pub mod webhooks;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -224,6 +225,8 @@ impl Server {
             Arc::clone(&lifecycle),
             shutdown_rx.clone(),
         ));
+        let webhooks_task =
+            tokio::spawn(webhooks::run(Arc::clone(&lifecycle), shutdown_rx.clone()));
         let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
             Arc::clone(&lifecycle),
             config.scheduler_interval,
@@ -236,10 +239,16 @@ impl Server {
             lifecycle,
             reconcile: report,
             shutdown,
-            tasks: [api_task, proxy_task, scheduler_task, monitor_task]
-                .into_iter()
-                .chain(code_interpreter)
-                .collect(),
+            tasks: [
+                api_task,
+                proxy_task,
+                scheduler_task,
+                monitor_task,
+                webhooks_task,
+            ]
+            .into_iter()
+            .chain(code_interpreter)
+            .collect(),
         })
     }
 

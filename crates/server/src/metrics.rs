@@ -50,6 +50,7 @@ pub struct Metrics {
     start_seconds: Histogram,
     reconciled: Family<ReconcileLabels, Counter>,
     policy_actions: Family<PolicyLabels, Counter>,
+    webhook_deliveries: Family<ProxyLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -68,6 +69,12 @@ impl Metrics {
         let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
         let reconciled = Family::<ReconcileLabels, Counter>::default();
         let policy_actions = Family::<PolicyLabels, Counter>::default();
+        let webhook_deliveries = Family::<ProxyLabels, Counter>::default();
+        registry.register(
+            "webhook_deliveries",
+            "Webhook deliveries by outcome (delivered, failed after the retries)",
+            webhook_deliveries.clone(),
+        );
         registry.register(
             "policy_actions",
             "What the monitor's policies found and did (runaway_cpu: reported, killed)",
@@ -107,6 +114,7 @@ impl Metrics {
             start_seconds,
             reconciled,
             policy_actions,
+            webhook_deliveries,
         }
     }
 
@@ -161,6 +169,15 @@ impl Metrics {
             .get_or_create(&PolicyLabels {
                 policy: policy.to_string(),
                 action: action.to_string(),
+            })
+            .inc();
+    }
+
+    /// One event handed to a webhook (`delivered`) or given up on (`failed`).
+    pub fn webhook_delivery(&self, outcome: &str) {
+        self.webhook_deliveries
+            .get_or_create(&ProxyLabels {
+                outcome: outcome.to_string(),
             })
             .inc();
     }

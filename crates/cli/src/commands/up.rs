@@ -115,6 +115,7 @@ fn server_config(
     config.no_new_privs = args.no_new_privs;
     config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config.build_timeout = std::time::Duration::from_secs(args.build_timeout_secs.max(1));
+    config.webhook_retry_interval = std::time::Duration::from_secs(args.webhook_retry_secs);
     config.monitor = warren_server::config::MonitorConfig {
         interval: std::time::Duration::from_secs(args.metrics_interval_secs.max(1)),
         retention: std::time::Duration::from_secs(args.metrics_retention_secs.max(1)),

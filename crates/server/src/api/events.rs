@@ -24,6 +24,11 @@ pub const EVENT_TYPES: [&str; 5] = [
     "sandbox.lifecycle.killed",
 ];
 
+/// Whether `kind` is one of [`EVENT_TYPES`].
+pub(crate) fn known_type(kind: &str) -> bool {
+    EVENT_TYPES.contains(&kind)
+}
+
 /// Most events one request returns.
 const MOST: u64 = 100;
 
@@ -99,7 +104,7 @@ fn event_query(
     })
 }
 
-fn to_api(event: LifecycleEvent) -> api::SandboxLifecycleEvent {
+pub(crate) fn to_api(event: LifecycleEvent) -> api::SandboxLifecycleEvent {
     let mut data = serde_json::Map::new();
     if let Some(from) = event.event.from_state {
         data.insert("from".into(), from.as_str().into());

@@ -3,7 +3,7 @@
 
 pub mod auth;
 pub mod error;
-mod events;
+pub(crate) mod events;
 pub mod extract;
 mod meta;
 mod paging;
@@ -11,6 +11,7 @@ mod sandboxes;
 mod snapshots;
 mod teams;
 mod templates;
+mod webhooks;
 mod workspaces;
 
 use std::sync::Arc;
@@ -34,6 +35,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(sandboxes::router())
         .merge(events::router())
+        .merge(webhooks::router())
         .merge(snapshots::router())
         .merge(templates::router())
         .merge(teams::router())

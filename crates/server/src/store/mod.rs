@@ -252,6 +252,22 @@ pub struct MetricSample {
     pub oom_kills: u64,
 }
 
+/// A team's webhook: where its sandboxes' lifecycle events go.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WebhookRecord {
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    pub url: String,
+    pub enabled: bool,
+    /// Event types delivered (`sandbox.lifecycle.created`, …).
+    pub events: Vec<String>,
+    pub secret: Option<String>,
+    /// The last event (`sandbox_events.seq`) handed over or given up on.
+    pub delivered_seq: i64,
+    pub created_at: Millis,
+}
+
 /// Which lifecycle events to read ([`Store::lifecycle_events`]).
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct EventQuery {
@@ -539,6 +555,15 @@ pub trait Store: Send + Sync {
         team_id: &str,
         user_id: &str,
     ) -> Result<Vec<WorkspaceMove>, StoreError>;
+
+    // Webhooks
+    async fn upsert_webhook(&self, webhook: &WebhookRecord) -> Result<(), StoreError>;
+    async fn list_webhooks(&self) -> Result<Vec<WebhookRecord>, StoreError>;
+    /// Returns whether a row was deleted.
+    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError>;
+    async fn set_webhook_delivered(&self, id: &str, seq: i64) -> Result<(), StoreError>;
+    /// The newest event's sequence number (0 with none): a new webhook starts after it.
+    async fn latest_event_seq(&self) -> Result<i64, StoreError>;
 
     // Metrics history
     async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError>;

@@ -17,8 +17,8 @@ use super::{
     sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord,
     BuildRecord, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent, MetricSample,
     Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord,
-    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WorkspaceMove,
-    WorkspaceRecord,
+    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord,
+    WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -412,6 +412,75 @@ impl Store for SqliteStore {
         user_id: &str,
     ) -> Result<Vec<WorkspaceMove>, StoreError> {
         sqlite_workspaces::history(&self.pool, team_id, user_id).await
+    }
+
+    async fn upsert_webhook(&self, w: &WebhookRecord) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO webhooks (id, team_id, name, url, enabled, events, secret, delivered_seq, \
+             created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET \
+             name = excluded.name, url = excluded.url, enabled = excluded.enabled, \
+             events = excluded.events, secret = excluded.secret",
+        )
+        .bind(&w.id)
+        .bind(&w.team_id)
+        .bind(&w.name)
+        .bind(&w.url)
+        .bind(w.enabled)
+        .bind(to_json(&w.events))
+        .bind(&w.secret)
+        .bind(w.delivered_seq)
+        .bind(w.created_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    async fn list_webhooks(&self) -> Result<Vec<WebhookRecord>, StoreError> {
+        let rows = sqlx::query("SELECT * FROM webhooks ORDER BY created_at, id")
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|row| {
+                let id: String = row.try_get("id")?;
+                let events: String = row.try_get("events")?;
+                Ok(WebhookRecord {
+                    team_id: row.try_get("team_id")?,
+                    name: row.try_get("name")?,
+                    url: row.try_get("url")?,
+                    enabled: row.try_get("enabled")?,
+                    events: serde_json::from_str(&events)
+                        .map_err(|e| corrupt("webhook events", &id, e))?,
+                    secret: row.try_get("secret")?,
+                    delivered_seq: row.try_get("delivered_seq")?,
+                    created_at: row.try_get("created_at")?,
+                    id,
+                })
+            })
+            .collect()
+    }
+
+    async fn delete_webhook(&self, id: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM webhooks WHERE id = ?")
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    async fn set_webhook_delivered(&self, id: &str, seq: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE webhooks SET delivered_seq = MAX(delivered_seq, ?) WHERE id = ?")
+            .bind(seq)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn latest_event_seq(&self) -> Result<i64, StoreError> {
+        let seq: Option<i64> = sqlx::query_scalar("SELECT MAX(seq) FROM sandbox_events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(seq.unwrap_or(0))
     }
 
     async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError> {

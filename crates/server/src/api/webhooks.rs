@@ -1,0 +1,217 @@
+//! `/events/webhooks`: E2B's webhook registration. A team registers URLs that get the lifecycle events
+//! of its sandboxes it subscribes to (`crate::webhooks` delivers them); the signature secret is kept
+//! and never shown again.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use chrono::{TimeZone, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::auth::Authenticated;
+use super::error::ApiError;
+use super::events::{known_type, EVENT_TYPES};
+use super::extract::ApiJson;
+use super::AppState;
+use crate::lifecycle::now_millis;
+use crate::store::WebhookRecord;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/events/webhooks", get(list).post(register))
+        .route(
+            "/events/webhooks/{id}",
+            get(get_one).patch(update).delete(delete),
+        )
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct NewWebhook {
+    #[serde(default)]
+    name: Option<String>,
+    url: String,
+    #[serde(default)]
+    enabled: Option<bool>,
+    events: Vec<String>,
+    #[serde(default)]
+    signature_secret: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct WebhookUpdate {
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    url: Option<String>,
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    events: Option<Vec<String>>,
+    #[serde(default)]
+    signature_secret: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Webhook {
+    id: String,
+    #[serde(rename = "teamID")]
+    team_id: String,
+    name: String,
+    created_at: chrono::DateTime<Utc>,
+    enabled: bool,
+    events: Vec<String>,
+    url: String,
+}
+
+fn shown(record: &WebhookRecord) -> Webhook {
+    Webhook {
+        id: record.id.clone(),
+        team_id: record.team_id.clone(),
+        name: record.name.clone(),
+        created_at: Utc
+            .timestamp_millis_opt(record.created_at)
+            .single()
+            .unwrap_or_default(),
+        enabled: record.enabled,
+        events: record.events.clone(),
+        url: record.url.clone(),
+    }
+}
+
+/// An http(s) URL that does not name a link-local, unspecified or multicast address (the server
+/// would otherwise post on a team's behalf to, say, a cloud metadata service).
+fn checked_url(url: &str) -> Result<String, ApiError> {
+    let parsed = url::Url::parse(url)
+        .map_err(|e| ApiError::bad_request(format!("url {url:?} is not a URL: {e}")))?;
+    if !matches!(parsed.scheme(), "http" | "https") {
+        return Err(ApiError::bad_request(format!(
+            "url must be http or https, got {:?}",
+            parsed.scheme()
+        )));
+    }
+    let refused = match parsed.host() {
+        None => return Err(ApiError::bad_request("url has no host")),
+        Some(url::Host::Ipv4(ip)) => ip.is_link_local() || ip.is_unspecified() || ip.is_multicast(),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_unspecified() || ip.is_multicast() || (ip.segments()[0] & 0xffc0) == 0xfe80
+        }
+        Some(url::Host::Domain(_)) => false,
+    };
+    if refused {
+        return Err(ApiError::bad_request(format!(
+            "url {url:?} names a link-local, unspecified or multicast address"
+        )));
+    }
+    Ok(url.to_string())
+}
+
+fn checked_events(events: Vec<String>) -> Result<Vec<String>, ApiError> {
+    if events.is_empty() {
+        return Err(ApiError::bad_request(format!(
+            "events must name at least one of {}",
+            EVENT_TYPES.join(", ")
+        )));
+    }
+    if let Some(unknown) = events.iter().find(|e| !known_type(e)) {
+        return Err(ApiError::bad_request(format!(
+            "unknown event type {unknown:?}: use {}",
+            EVENT_TYPES.join(", ")
+        )));
+    }
+    Ok(events)
+}
+
+async fn owned(state: &AppState, key: &Authenticated, id: &str) -> Result<WebhookRecord, ApiError> {
+    state
+        .lifecycle
+        .store()
+        .list_webhooks()
+        .await?
+        .into_iter()
+        .find(|w| w.id == id && w.team_id == key.team())
+        .ok_or_else(|| ApiError::not_found(format!("webhook {id} not found")))
+}
+
+/// `POST /events/webhooks`: it gets the events that happen from now on.
+async fn register(
+    State(state): State<AppState>,
+    key: Authenticated,
+    ApiJson(body): ApiJson<NewWebhook>,
+) -> Result<(StatusCode, Json<Webhook>), ApiError> {
+    let store = state.lifecycle.store();
+    let record = WebhookRecord {
+        id: uuid::Uuid::new_v4().to_string(),
+        team_id: key.team().to_string(),
+        name: body.name.unwrap_or_default(),
+        url: checked_url(&body.url)?,
+        enabled: body.enabled.unwrap_or(true),
+        events: checked_events(body.events)?,
+        secret: body.signature_secret.filter(|s| !s.is_empty()),
+        delivered_seq: store.latest_event_seq().await?,
+        created_at: now_millis(),
+    };
+    store.upsert_webhook(&record).await?;
+    Ok((StatusCode::CREATED, Json(shown(&record))))
+}
+
+async fn list(
+    State(state): State<AppState>,
+    key: Authenticated,
+) -> Result<Json<Vec<Webhook>>, ApiError> {
+    let all = state.lifecycle.store().list_webhooks().await?;
+    Ok(Json(
+        all.iter()
+            .filter(|w| w.team_id == key.team())
+            .map(shown)
+            .collect(),
+    ))
+}
+
+async fn get_one(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<Json<Webhook>, ApiError> {
+    Ok(Json(shown(&owned(&state, &key, &id).await?)))
+}
+
+/// `PATCH /events/webhooks/{id}`: the fields given replace the old ones.
+async fn update(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<WebhookUpdate>,
+) -> Result<Json<Webhook>, ApiError> {
+    let mut record = owned(&state, &key, &id).await?;
+    if let Some(name) = body.name {
+        record.name = name;
+    }
+    if let Some(url) = body.url {
+        record.url = checked_url(&url)?;
+    }
+    if let Some(enabled) = body.enabled {
+        record.enabled = enabled;
+    }
+    if let Some(events) = body.events {
+        record.events = checked_events(events)?;
+    }
+    if let Some(secret) = body.signature_secret {
+        record.secret = Some(secret).filter(|s| !s.is_empty());
+    }
+    state.lifecycle.store().upsert_webhook(&record).await?;
+    Ok(Json(shown(&record)))
+}
+
+async fn delete(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    owned(&state, &key, &id).await?;
+    state.lifecycle.store().delete_webhook(&id).await?;
+    Ok(StatusCode::OK)
+}
