@@ -69,6 +69,25 @@ pub enum Command {
     Workspace(WorkspaceCommand),
     /// Lifecycle and policy events of the team's sandboxes, newest last (`GET /events/sandboxes`).
     Events(EventsArgs),
+    /// Stop the `warren up` running on a state directory (SIGTERM, then wait for it to exit);
+    /// with --kill-sandboxes also end every sandbox it started.
+    Down(DownArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DownArgs {
+    #[command(flatten)]
+    pub state: StateArgs,
+    /// Also kill every sandbox of the state directory (running and paused) and template-build
+    /// sandboxes, and detach its lxcfs mount, once the server has stopped.
+    #[arg(long)]
+    pub kill_sandboxes: bool,
+    /// The static warren-agent binary (only --kill-sandboxes starts the runtime, which checks it).
+    #[arg(long, env = "WARREN_AGENT")]
+    pub agent: Option<PathBuf>,
+    /// Seconds to wait for the server to exit.
+    #[arg(long, default_value_t = 60)]
+    pub timeout_secs: u64,
 }
 
 #[derive(Debug, Args)]

@@ -12,6 +12,7 @@ pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod runtime_host;
+pub mod state_lock;
 pub mod store;
 pub mod templates;
 pub mod tls;
@@ -58,6 +59,8 @@ pub enum ServeError {
     Http(#[source] std::io::Error),
     #[error("cannot set up TLS")]
     Tls(#[source] tls::TlsError),
+    #[error(transparent)]
+    Locked(state_lock::StateLockError),
 }
 
 /// Open the store in `state_dir` (for the CLI's key commands).
@@ -265,6 +268,7 @@ impl Server {
 
 /// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
 pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
+    let _lock = state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?;
     let runtime = runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?;
     let server = Server::start(config, runtime).await?;
     wait_for_signal().await;

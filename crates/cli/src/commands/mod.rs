@@ -1,6 +1,7 @@
 //! What each `warren` subcommand does. Each returns the process exit code on success paths that
 //! still need a non-zero code (exec, partial kill), or a [`CommandError`] that maps to one.
 
+pub mod down;
 pub mod events;
 pub mod key;
 pub mod sandbox;
@@ -33,6 +34,8 @@ pub enum CommandError {
     Key(#[from] key::KeyError),
     #[error(transparent)]
     Template(#[from] template::TemplateError),
+    #[error(transparent)]
+    Down(#[from] down::DownError),
 }
 
 impl CommandError {
@@ -42,7 +45,7 @@ impl CommandError {
             CommandError::Envd(err) => exit_code::for_kind(err.kind()),
             CommandError::Usage(_) => exit_code::USAGE,
             CommandError::Key(err) => err.exit_code(),
-            CommandError::Template(_) => exit_code::ERROR,
+            CommandError::Template(_) | CommandError::Down(_) => exit_code::ERROR,
             CommandError::Terminal(_) | CommandError::Output(_) | CommandError::Server(_) => {
                 exit_code::ERROR
             }
@@ -61,6 +64,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Team(command) => key::run_team(&global, command).await,
         Command::Workspace(command) => workspace::run(&global, command).await,
         Command::Events(args) => events::run(&global, args).await,
+        Command::Down(args) => down::run(&global, args).await,
     }
 }
 
