@@ -108,6 +108,18 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"SKIP: {reason}")
 
 
+def poll(what: str, check, bound_s: float, pause: float = 0.5):
+    """Calls `check` until it returns something true, and returns that; fails naming `what` after
+    `bound_s` seconds (a bound on a wait, never a speed assertion)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what} within {bound_s}s"
+        time.sleep(pause)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -2,24 +2,16 @@
 stops it while its step runs, the build fails as cancelled naming that step, and its build sandbox is
 gone. The SDK starts and watches the build; the cancel is Warren's own endpoint (E2B has none)."""
 
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+
+from conftest import poll
 
 # Bounds on waits, not speed assertions: generous for a loaded 2-core machine.
 STEP_START_WAIT_S = 300
 SETTLE_WAIT_S = 120
 
-
-def _poll(what, check, bound_s):
-    deadline = time.monotonic() + bound_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} within {bound_s}s"
-        time.sleep(0.5)
 
 
 def test_cancel_stops_a_running_step_and_fails_the_build_naming_it(warren, sdk_env):
@@ -38,7 +30,7 @@ def test_cancel_stops_a_running_step_and_fails_the_build_naming_it(warren, sdk_e
         assert status.status.value in ("waiting", "building"), (status.status, status.reason and status.reason.message)
         return any("wt-cancel-running" in entry.message for entry in status.log_entries)
 
-    _poll("the sleeping step to start", running_step, STEP_START_WAIT_S)
+    poll("the sleeping step to start", running_step, STEP_START_WAIT_S)
     short = "".join(c for c in info.build_id if c.isalnum())[:12]
     sandboxes = Path(warren.state_dir) / "sandboxes"
     build_sandboxes = lambda: [p.name for p in sandboxes.iterdir() if p.name.startswith(f"bld-{short}")]  # noqa: E731
@@ -56,12 +48,12 @@ def test_cancel_stops_a_running_step_and_fails_the_build_naming_it(warren, sdk_e
         status = Template.get_build_status(info)
         return status if status.status.value not in ("waiting", "building") else None
 
-    status = _poll("the cancelled build to end", ended, SETTLE_WAIT_S)
+    status = poll("the cancelled build to end", ended, SETTLE_WAIT_S)
     assert status.status.value == "error", status
     assert status.reason is not None and "cancelled" in status.reason.message, status.reason
     assert status.reason.step, f"the reason names no step: {status.reason}"
     assert not any("never-reached" in entry.message for entry in status.log_entries)
-    _poll("the build sandbox to be destroyed", lambda: not build_sandboxes(), SETTLE_WAIT_S)
+    poll("the build sandbox to be destroyed", lambda: not build_sandboxes(), SETTLE_WAIT_S)
     # Cancelling an ended build changes nothing and says so.
     try:
         urllib.request.urlopen(request, timeout=60)

@@ -7,6 +7,8 @@ import time
 
 import httpx
 
+from conftest import poll
+
 # Bounds on waits, not speed assertions: generous for a loaded 2-core machine.
 POLICY_WAIT_S = 90
 SAMPLES_WAIT_S = 60
@@ -17,15 +19,6 @@ def _api(sdk_env):
         base_url=sdk_env["E2B_API_URL"], headers={"X-API-Key": sdk_env["E2B_API_KEY"]}, timeout=120
     )
 
-
-def _poll(what, check, bound_s):
-    deadline = time.monotonic() + bound_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} within {bound_s}s"
-        time.sleep(0.5)
 
 
 def _commands(processes, needle):
@@ -62,8 +55,8 @@ def test_a_runaway_loop_is_killed_by_policy_and_a_calm_process_lives(sdk_env, wa
                 assert listed.status_code == 200, listed.text
                 return listed.json()
 
-            _poll("the calm process to show", lambda: _commands(processes(), "sleep 600"), 30)
-            _poll("the loop to be killed", lambda: not _commands(processes(), "while :"), POLICY_WAIT_S)
+            poll("the calm process to show", lambda: _commands(processes(), "sleep 600"), 30)
+            poll("the loop to be killed", lambda: not _commands(processes(), "while :"), POLICY_WAIT_S)
             assert _commands(processes(), "sleep 600"), "the calm process was left alone"
 
             logs = api.get(f"/sandboxes/{sandbox_id}/logs").json()
@@ -88,7 +81,7 @@ def test_a_runaway_loop_is_killed_by_policy_and_a_calm_process_lives(sdk_env, wa
             pid = calm[0].split()[0]
             sent = warren.cli("sandbox", "kill-process", sandbox_id, pid, "--signal", "TERM")
             assert sent.returncode == 0, sent.stdout + sent.stderr
-            _poll("the calm process to end on SIGTERM", lambda: not _commands(processes(), "sleep 600"), 30)
+            poll("the calm process to end on SIGTERM", lambda: not _commands(processes(), "sleep 600"), 30)
             gone = api.delete(f"/sandboxes/{sandbox_id}/processes/{pid}")
             assert gone.status_code == 404, gone.text
             init = api.delete(f"/sandboxes/{sandbox_id}/processes/1")
@@ -109,7 +102,7 @@ def test_metrics_range_returns_the_samples_of_that_range(sdk_env):
                 samples = api.get(url).json()
                 return samples if len(samples) >= 4 else None
 
-            samples = _poll("four samples", series, SAMPLES_WAIT_S)
+            samples = poll("four samples", series, SAMPLES_WAIT_S)
             seconds = [s["timestampUnix"] for s in samples]
             assert seconds == sorted(seconds), seconds
             assert all(s["memTotal"] > 0 and s["diskTotal"] > 0 for s in samples), samples
@@ -152,7 +145,7 @@ def _event(api, sandbox_id, needle, bound_s=POLICY_WAIT_S):
         lines = [entry["line"] for entry in api.get(f"/sandboxes/{sandbox_id}/logs").json()["logs"]]
         return [line for line in lines if needle in line]
 
-    return _poll(f"an event with {needle!r}", found, bound_s)
+    return poll(f"an event with {needle!r}", found, bound_s)
 
 
 def test_memory_pressure_names_the_hog_and_an_oom_kill_is_an_event(sdk_env):
@@ -293,7 +286,7 @@ def test_the_idle_policy_ends_a_sandbox_only_once_nothing_uses_it(sdk_env):
             handle.disconnect()
             time.sleep(6)
             assert _state(api, sandbox_id) == "running"
-            _poll("the idle sandbox to be killed", lambda: _state(api, sandbox_id) != "running", POLICY_WAIT_S)
+            poll("the idle sandbox to be killed", lambda: _state(api, sandbox_id) != "running", POLICY_WAIT_S)
             killed = api.get(f"/events/sandboxes/{sandbox_id}", params={"limit": 1}).json()[0]
             assert killed["type"] == "sandbox.lifecycle.killed", killed
             assert "idle for 3 s" in killed["eventData"]["reason"], killed
@@ -304,7 +297,7 @@ def test_the_idle_policy_ends_a_sandbox_only_once_nothing_uses_it(sdk_env):
             )
             assert made.status_code == 201, made.text
             paused_id = made.json()["sandboxID"]
-            _poll("the idle auto-pause sandbox to pause", lambda: _state(api, paused_id) == "paused", POLICY_WAIT_S)
+            poll("the idle auto-pause sandbox to pause", lambda: _state(api, paused_id) == "paused", POLICY_WAIT_S)
             resumed = Sandbox.connect(paused_id, timeout=300)
             assert resumed.commands.run("echo back").stdout == "back\n"
         finally:
@@ -333,7 +326,7 @@ def test_orphans_left_by_a_finished_command_are_listed_and_reaped_on_resume(sdk_
                 assert listed.status_code == 200, listed.text
                 return listed.json()
 
-            found = _poll("three orphans", lambda: len(orphans()) == 3 and orphans(), 30)
+            found = poll("three orphans", lambda: len(orphans()) == 3 and orphans(), 30)
             assert all(p["command"].startswith("orphan-worker") and p["ppid"] == 1 for p in found), found
             listed = warren.cli("sandbox", "orphans", sandbox_id)
             assert listed.returncode == 0 and listed.stdout.count("orphan-worker") == 3, listed.stdout
@@ -348,7 +341,7 @@ def test_orphans_left_by_a_finished_command_are_listed_and_reaped_on_resume(sdk_
             assert reaped[0].count("orphan-worker") == 3, reaped
 
             assert sandbox.commands.run(ORPHANS).stdout == "started\n"
-            _poll("new orphans", lambda: len(orphans()) == 3, 30)
+            poll("new orphans", lambda: len(orphans()) == 3, 30)
             killed = warren.cli("sandbox", "orphans", sandbox_id, "--kill")
             assert killed.returncode == 0 and "killed 3 orphaned process(es)" in killed.stdout, killed.stdout
             assert orphans() == []

@@ -12,7 +12,13 @@ import uuid
 
 import httpx
 
+from conftest import poll
+
 DELIVERY_WAIT_S = 60
+
+
+def _poll_quick(what, check, bound_s=DELIVERY_WAIT_S):
+    return poll(what, check, bound_s, pause=0.3)
 
 
 class Receiver:
@@ -50,15 +56,6 @@ class Receiver:
             if json.loads(body).get("sandboxId") == sandbox_id
         ]
 
-
-def _poll(what, check, bound_s=DELIVERY_WAIT_S):
-    deadline = time.monotonic() + bound_s
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} within {bound_s}s"
-        time.sleep(0.3)
 
 
 def _api(sdk_env, key=None):
@@ -103,7 +100,7 @@ def test_signed_deliveries_retries_and_registration(sdk_env):
 
             sandbox = Sandbox.create(template="base", timeout=120, metadata={"suite": "wt-webhooks"})
             sandbox.kill()
-            got = _poll("created and killed", lambda: len(good.events(sandbox.sandbox_id)) >= 2 and good.events(sandbox.sandbox_id))
+            got = _poll_quick("created and killed", lambda: len(good.events(sandbox.sandbox_id)) >= 2 and good.events(sandbox.sandbox_id))
             assert [event["type"] for _, event in got] == [
                 "sandbox.lifecycle.created",
                 "sandbox.lifecycle.killed",
@@ -117,7 +114,7 @@ def test_signed_deliveries_retries_and_registration(sdk_env):
                 assert event["sandboxId"] == sandbox.sandbox_id and event["version"] == "v1"
 
             # The flaky endpoint answered 500 twice: the created event came three times, then stopped.
-            tries = _poll("the third try", lambda: len(flaky.events(sandbox.sandbox_id)) >= 3 and flaky.events(sandbox.sandbox_id))
+            tries = _poll_quick("the third try", lambda: len(flaky.events(sandbox.sandbox_id)) >= 3 and flaky.events(sandbox.sandbox_id))
             time.sleep(2)
             tries = flaky.events(sandbox.sandbox_id)
             assert len(tries) == 3, tries
@@ -128,7 +125,7 @@ def test_signed_deliveries_retries_and_registration(sdk_env):
             assert disabled.status_code == 200 and disabled.json()["enabled"] is False, disabled.text
             quiet = Sandbox.create(template="base", timeout=120, metadata={"suite": "wt-webhooks"})
             quiet.kill()
-            _poll("the flaky hook to see the next sandbox", lambda: flaky.events(quiet.sandbox_id))
+            _poll_quick("the flaky hook to see the next sandbox", lambda: flaky.events(quiet.sandbox_id))
             assert good.events(quiet.sandbox_id) == [], "a disabled webhook gets nothing"
 
             team = f"wt-hooks-{uuid.uuid4().hex[:6]}"

@@ -36,7 +36,7 @@ pub fn signature(secret: &str, body: &[u8]) -> String {
 }
 
 /// Delivers until `shutdown` turns true.
-pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>) {
+pub async fn run(lifecycle: Arc<Lifecycle>, shutdown: watch::Receiver<bool>) {
     // HTTPS to the webhooks' hosts: rustls is built without a default crypto provider here.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = match reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).build() {
@@ -48,16 +48,8 @@ pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>)
     };
     // Webhooks with a delivery task running: one task per webhook keeps its events in order.
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
-    let mut ticker = tokio::time::interval(POLL_INTERVAL);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        if *shutdown.borrow() {
-            return;
-        }
+    let mut ticker = crate::lifecycle::Ticker::new(POLL_INTERVAL, shutdown);
+    while ticker.next().await {
         let webhooks = match lifecycle.store().list_webhooks().await {
             Ok(webhooks) => webhooks,
             Err(error) => {

@@ -32,3 +32,29 @@ pub fn now_millis() -> Millis {
         .map(|elapsed| elapsed.as_millis() as Millis)
         .unwrap_or(0)
 }
+
+/// The beat of a background task: ticks every `period` (a tick missed while the task was busy is
+/// waited out, not made up) until the server's shutdown signal turns true.
+pub(crate) struct Ticker {
+    interval: tokio::time::Interval,
+    shutdown: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Ticker {
+    pub(crate) fn new(
+        period: std::time::Duration,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Ticker {
+        let mut interval = tokio::time::interval(period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Ticker { interval, shutdown }
+    }
+
+    /// Waits for the next tick; false once the server stops.
+    pub(crate) async fn next(&mut self) -> bool {
+        tokio::select! {
+            _ = self.interval.tick() => !*self.shutdown.borrow(),
+            _ = self.shutdown.changed() => false,
+        }
+    }
+}

@@ -492,18 +492,10 @@ pub async fn pass(
 }
 
 /// Runs [`pass`] every `monitor.interval` until `shutdown` turns true.
-pub async fn run(lifecycle: Arc<Lifecycle>, mut shutdown: watch::Receiver<bool>) {
-    let mut ticker = tokio::time::interval(lifecycle.config().monitor.interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+pub async fn run(lifecycle: Arc<Lifecycle>, shutdown: watch::Receiver<bool>) {
+    let mut ticker = super::Ticker::new(lifecycle.config().monitor.interval, shutdown);
     let mut state = MonitorState::default();
-    loop {
-        tokio::select! {
-            _ = ticker.tick() => {}
-            _ = shutdown.changed() => return,
-        }
-        if *shutdown.borrow() {
-            return;
-        }
+    while ticker.next().await {
         if let Err(error) = pass(&lifecycle, &mut state, now_millis()).await {
             tracing::error!(%error, "monitor pass failed");
         }
