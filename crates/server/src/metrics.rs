@@ -37,6 +37,20 @@ struct PolicyLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OperationLabels {
+    /// `create`, `pause`, `resume`.
+    operation: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ApiErrorLabels {
+    method: String,
+    /// The route as declared (`/sandboxes/{id}`), or `unmatched`.
+    route: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProxyLabels {
     outcome: String,
 }
@@ -47,7 +61,8 @@ pub struct Metrics {
     sandboxes: Family<StateLabels, Gauge>,
     admission_refused: Counter,
     proxy_requests: Family<ProxyLabels, Counter>,
-    start_seconds: Histogram,
+    operation_seconds: Family<OperationLabels, Histogram>,
+    api_errors: Family<ApiErrorLabels, Counter>,
     reconciled: Family<ReconcileLabels, Counter>,
     policy_actions: Family<PolicyLabels, Counter>,
     webhook_deliveries: Family<ProxyLabels, Counter>,
@@ -66,7 +81,20 @@ impl Metrics {
         let sandboxes = Family::<StateLabels, Gauge>::default();
         let admission_refused = Counter::default();
         let proxy_requests = Family::<ProxyLabels, Counter>::default();
-        let start_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 12));
+        let operation_seconds = Family::<OperationLabels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.005, 2.0, 14))
+        });
+        registry.register(
+            "operation_seconds",
+            "How long sandbox operations take: create (admitted to running), pause, resume",
+            operation_seconds.clone(),
+        );
+        let api_errors = Family::<ApiErrorLabels, Counter>::default();
+        registry.register(
+            "api_errors",
+            "API answers with a 4xx or 5xx status, by method, route and status",
+            api_errors.clone(),
+        );
         let reconciled = Family::<ReconcileLabels, Counter>::default();
         let policy_actions = Family::<PolicyLabels, Counter>::default();
         let webhook_deliveries = Family::<ProxyLabels, Counter>::default();
@@ -111,7 +139,8 @@ impl Metrics {
             sandboxes,
             admission_refused,
             proxy_requests,
-            start_seconds,
+            operation_seconds,
+            api_errors,
             reconciled,
             policy_actions,
             webhook_deliveries,
@@ -147,7 +176,27 @@ impl Metrics {
     }
 
     pub fn sandbox_started(&self, seconds: f64) {
-        self.start_seconds.observe(seconds);
+        self.operation_finished("create", seconds);
+    }
+
+    /// A sandbox operation (`create`, `pause`, `resume`) took `seconds`.
+    pub fn operation_finished(&self, operation: &str, seconds: f64) {
+        self.operation_seconds
+            .get_or_create(&OperationLabels {
+                operation: operation.to_string(),
+            })
+            .observe(seconds);
+    }
+
+    /// The API answered `status` (4xx or 5xx) to `method` on `route`.
+    pub fn api_error(&self, method: &str, route: &str, status: u16) {
+        self.api_errors
+            .get_or_create(&ApiErrorLabels {
+                method: method.to_string(),
+                route: route.to_string(),
+                status: status.to_string(),
+            })
+            .inc();
     }
 
     pub fn admission_refused(&self) {

@@ -621,6 +621,27 @@ async fn pause_checkpoints_and_resume_restores_when_the_runtime_can() {
             .status,
         StatusCode::NOT_FOUND
     );
+    // Prometheus: one create, pause and resume timed; the refusals counted by declared route.
+    let scraped =
+        String::from_utf8_lossy(&h.api(Method::GET, "/metrics", None).await.body).into_owned();
+    for operation in ["create", "pause", "resume"] {
+        assert!(
+            scraped.contains(&format!(
+                "warren_operation_seconds_count{{operation=\"{operation}\"}} 1"
+            )),
+            "{operation} timed once:\n{scraped}"
+        );
+    }
+    for (method, route, status) in [
+        ("DELETE", "/sandboxes/{id}", 404),
+        ("POST", "/sandboxes/{id}/pause", 409),
+        ("POST", "/sandboxes/{id}/resume", 409),
+    ] {
+        let line = format!(
+            "warren_api_errors_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} 1"
+        );
+        assert!(scraped.contains(&line), "{line} in\n{scraped}");
+    }
     h.server.stop().await.unwrap();
 }
 

@@ -42,5 +42,30 @@ pub fn router(state: AppState) -> Router {
         .merge(workspaces::router())
         .merge(meta::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            count_errors,
+        ))
         .with_state(state)
+}
+
+/// Counts every 4xx and 5xx answer by method and declared route (`warren_api_errors_total`).
+async fn count_errors(
+    axum::extract::State(state): axum::extract::State<AppState>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |path| path.as_str().to_string());
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    let status = response.status();
+    if status.is_client_error() || status.is_server_error() {
+        state
+            .metrics
+            .api_error(method.as_str(), &route, status.as_u16());
+    }
+    response
 }

@@ -18,6 +18,21 @@ impl Lifecycle {
         record: &mut SandboxRecord,
         reason: &str,
     ) -> Result<PauseKind, LifecycleError> {
+        let started = std::time::Instant::now();
+        let was_running = record.state == SandboxState::Running;
+        let paused = self.pause_running(record, reason).await;
+        if was_running && paused.is_ok() {
+            self.metrics
+                .operation_finished("pause", started.elapsed().as_secs_f64());
+        }
+        paused
+    }
+
+    async fn pause_running(
+        &self,
+        record: &mut SandboxRecord,
+        reason: &str,
+    ) -> Result<PauseKind, LifecycleError> {
         match record.state {
             SandboxState::Running => {}
             SandboxState::Paused | SandboxState::Pausing => {

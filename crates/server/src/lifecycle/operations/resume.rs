@@ -41,7 +41,10 @@ impl Lifecycle {
                 )))
             }
         }
+        let started = std::time::Instant::now();
         self.resume_locked(&mut record, now + timeout).await?;
+        self.metrics
+            .operation_finished("resume", started.elapsed().as_secs_f64());
         let reap = record
             .policies
             .reap_orphans_on_resume
