@@ -264,6 +264,9 @@ class Warren:
                 if row["state"] in ("running", "paused"):
                     self.api("DELETE", f"/sandboxes/{row['id']}")
             self.stop()
+        # Warren's lxcfs daemon outlives `warren up` on purpose (a restarted server reuses it);
+        # detaching its mount ends it, where removing the directory under it would not.
+        subprocess.run(["umount", "-l", str(self.state_dir / "lxcfs")], check=False, stderr=subprocess.DEVNULL)
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.state_dir)], check=False)
 
 
