@@ -81,4 +81,5 @@ def test_five_fixture_builds_at_once_all_finish(warren, tmp_path):
             out, _ = proc.communicate()
             out = "TIMED OUT (the build never ended)\n" + out
         outputs.append((proc.returncode, out))
-    assert all(code == 0 for code, _ in outputs), outputs
+    failed = [f"build {n} exited {code}:\n{out}" for n, (code, out) in enumerate(outputs) if code != 0]
+    assert not failed, "\n\n".join(failed)
