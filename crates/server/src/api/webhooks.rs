@@ -215,3 +215,26 @@ async fn delete(
     state.lifecycle.store().delete_webhook(&id).await?;
     Ok(StatusCode::OK)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_must_be_http_and_never_link_local_unspecified_or_multicast() {
+        for refused in [
+            "http://169.254.169.254/latest",
+            "http://0.0.0.0/x",
+            "http://224.0.0.1/x",
+            "http://[fe80::1]/x",
+            "http://[::]/x",
+            "ftp://127.0.0.1/x",
+            "not a url",
+        ] {
+            assert!(checked_url(refused).is_err(), "{refused} was accepted");
+        }
+        for accepted in ["http://127.0.0.1:9/hook", "https://hooks.example.com/e2b"] {
+            assert_eq!(checked_url(accepted).ok().as_deref(), Some(accepted));
+        }
+    }
+}
