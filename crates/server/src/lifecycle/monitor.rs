@@ -260,22 +260,14 @@ pub struct PassReport {
 /// Whether the agent of `record` runs a command or PTY for a client (the template's start command
 /// does not count). An agent that cannot be asked counts as busy: the sandbox is left alone.
 async fn running_commands(record: &SandboxRecord) -> bool {
-    let Some(ip) = record.ip else {
-        return true;
-    };
-    let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
-    let commands = crate::templates::build::agent_commands::EnvdCommands::new()
-        .with_access_token(record.envd_access_token.clone());
-    let asked = tokio::task::spawn_blocking(move || commands.running(addr)).await;
-    match asked {
-        Ok(Ok(running)) => running.iter().any(|p| {
+    match super::operations::agent_processes(record).await {
+        Ok(running) => running.iter().any(|p| {
             p.tag.as_deref() != Some(crate::templates::build::agent_commands::START_CMD_TAG)
         }),
-        Ok(Err(error)) => {
+        Err(error) => {
             tracing::debug!(sandbox = %record.id, %error, "cannot ask the agent for its processes");
             true
         }
-        Err(_) => true,
     }
 }
 

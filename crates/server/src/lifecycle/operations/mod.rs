@@ -6,6 +6,7 @@ mod create;
 mod kill;
 mod network;
 mod orphans;
+pub(crate) use orphans::agent_processes;
 mod pause;
 mod query;
 mod resume;

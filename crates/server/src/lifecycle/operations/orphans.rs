@@ -15,7 +15,8 @@ use warren_runtime::ProcessInfo;
 use super::{Lifecycle, LifecycleError};
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::templates::build::agent_commands::EnvdCommands;
+use crate::store::SandboxRecord;
+use crate::templates::build::agent_commands::{EnvdCommands, RunningProcess};
 
 /// The orphans in `processes` (a sandbox's, PIDs as it sees them) given the PIDs its agent `started`:
 /// children of PID 1 that are not among them, and all their descendants, in listing order.
@@ -56,29 +57,38 @@ fn describe(processes: &[ProcessInfo]) -> String {
         .join(", ")
 }
 
+/// The processes the agent of `record` runs for its clients (envd's `process.Process/List`).
+pub(crate) async fn agent_processes(
+    record: &SandboxRecord,
+) -> Result<Vec<RunningProcess>, LifecycleError> {
+    let id = record.id.clone();
+    let Some(ip) = record.ip else {
+        return Err(LifecycleError::Conflict(format!(
+            "sandbox {id} has no address: its agent cannot be asked for its processes"
+        )));
+    };
+    let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
+    let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
+    tokio::task::spawn_blocking(move || commands.running(addr))
+        .await
+        .map_err(|e| LifecycleError::Conflict(format!("asking the agent of sandbox {id}: {e}")))?
+        .map_err(|e| {
+            LifecycleError::Conflict(format!(
+                "the agent of sandbox {id} did not list its processes: {e}"
+            ))
+        })
+}
+
 impl Lifecycle {
     /// The orphaned processes of a running sandbox.
     pub async fn orphans(&self, id: &str) -> Result<Vec<ProcessInfo>, LifecycleError> {
         let record = self.running_record(id).await?;
         let processes = self.processes(id).await?;
-        let Some(ip) = record.ip else {
-            return Err(LifecycleError::Conflict(format!(
-                "sandbox {id} has no address: its agent cannot be asked for its processes"
-            )));
-        };
-        let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
-        let commands = EnvdCommands::new().with_access_token(record.envd_access_token.clone());
-        let started = tokio::task::spawn_blocking(move || commands.running(addr))
-            .await
-            .map_err(|e| {
-                LifecycleError::Conflict(format!("asking the agent of sandbox {id}: {e}"))
-            })?
-            .map_err(|e| {
-                LifecycleError::Conflict(format!(
-                    "the agent of sandbox {id} did not list its processes: {e}"
-                ))
-            })?;
-        let started: HashSet<u32> = started.iter().map(|p| p.pid).collect();
+        let started: HashSet<u32> = agent_processes(&record)
+            .await?
+            .iter()
+            .map(|p| p.pid)
+            .collect();
         Ok(orphan_trees(&processes, &started))
     }
 
