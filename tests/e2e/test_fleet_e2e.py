@@ -59,8 +59,7 @@ def test_a_runaway_loop_is_killed_by_policy_and_a_calm_process_lives(sdk_env, wa
             poll("the loop to be killed", lambda: not _commands(processes(), "while :"), POLICY_WAIT_S)
             assert _commands(processes(), "sleep 600"), "the calm process was left alone"
 
-            logs = api.get(f"/sandboxes/{sandbox_id}/logs").json()
-            lines = [entry["line"] for entry in logs["logs"]]
+            lines = _lifecycle_lines(api, sandbox_id)
             runaway = [line for line in lines if "runaway process" in line]
             assert len(runaway) == 1, lines
             assert "while :" in runaway[0] and "killed by the runaway policy" in runaway[0], runaway
@@ -140,10 +139,15 @@ def _create(api, policies):
     return made.json()["sandboxID"]
 
 
+def _lifecycle_lines(api, sandbox_id):
+    """The sandbox's log lines that are lifecycle events (not lines its commands printed)."""
+    entries = api.get(f"/sandboxes/{sandbox_id}/logs").json()["logEntries"]
+    return [entry["message"] for entry in entries if entry["fields"].get("event") == "lifecycle"]
+
+
 def _event(api, sandbox_id, needle, bound_s=POLICY_WAIT_S):
     def found():
-        lines = [entry["line"] for entry in api.get(f"/sandboxes/{sandbox_id}/logs").json()["logs"]]
-        return [line for line in lines if needle in line]
+        return [line for line in _lifecycle_lines(api, sandbox_id) if needle in line]
 
     return poll(f"an event with {needle!r}", found, bound_s)
 

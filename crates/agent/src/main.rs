@@ -7,6 +7,7 @@ mod connect_server;
 mod filesystem;
 mod http_api;
 mod identity;
+mod logbook;
 mod paths;
 mod process;
 mod reaper;

@@ -39,6 +39,8 @@ pub struct Agent {
     pub processes: ProcessTable,
     pub watchers: WatcherTable,
     pub cpu_sampler: crate::http_api::metrics::CpuSampler,
+    /// What commands printed and when processes started and ended.
+    pub logbook: crate::logbook::Logbook,
 }
 
 impl Agent {
@@ -57,6 +59,7 @@ impl Agent {
             processes: ProcessTable::default(),
             watchers: WatcherTable::default(),
             cpu_sampler: Default::default(),
+            logbook: Default::default(),
         })
     }
 

@@ -205,6 +205,13 @@ pub struct UpArgs {
     /// Seconds a sample is kept.
     #[arg(long, env = "WARREN_METRICS_RETENTION_SECS", default_value_t = 3600)]
     pub metrics_retention_secs: u64,
+    /// Seconds a line of a sandbox's log (what its commands printed, `GET /sandboxes/{id}/logs`)
+    /// is kept, ended sandboxes' too.
+    #[arg(long, env = "WARREN_LOG_RETENTION_SECS", default_value_t = 7 * 24 * 3600)]
+    pub log_retention_secs: u64,
+    /// Most log lines kept per sandbox (its oldest go first).
+    #[arg(long, env = "WARREN_LOG_LINES_PER_SANDBOX", default_value_t = 100_000)]
+    pub log_lines_per_sandbox: u64,
     /// A process using at least this percent of one core for --runaway-secs is a runaway: an event
     /// on its sandbox names it (0 turns the policy off).
     #[arg(long, env = "WARREN_RUNAWAY_CPU_PERCENT", default_value_t = 90.0)]
@@ -331,6 +338,9 @@ pub enum SandboxCommand {
         #[arg(long, short = 'n', default_value_t = 10)]
         count: usize,
     },
+    /// Show a sandbox's log: its lifecycle events and every line its commands printed, oldest
+    /// first (ended sandboxes' too).
+    Logs(LogsArgs),
     /// Show a sandbox's sampled resource use (CPU, memory, disk), oldest first.
     Metrics {
         /// Sandbox ID.
@@ -339,6 +349,24 @@ pub enum SandboxCommand {
         #[arg(long)]
         since: Option<u64>,
     },
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    /// Sandbox ID.
+    pub id: String,
+    /// Only the last N lines.
+    #[arg(long, short = 'n')]
+    pub tail: Option<usize>,
+    /// Least severe level shown: debug, info, warn or error.
+    #[arg(long)]
+    pub level: Option<String>,
+    /// Only lines containing this text (case-insensitive).
+    #[arg(long)]
+    pub search: Option<String>,
+    /// Keep printing new lines as they come.
+    #[arg(long, short = 'f')]
+    pub follow: bool,
 }
 
 #[derive(Debug, Args)]

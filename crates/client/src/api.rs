@@ -250,6 +250,19 @@ impl ApiClient {
             .await
     }
 
+    /// `GET /v2/sandboxes/{id}/logs` with `query` (cursor, limit, direction, level, search).
+    pub async fn sandbox_logs(
+        &self,
+        id: &str,
+        query: &[(&str, String)],
+    ) -> Result<Vec<warren_proto::api::SandboxLogEntry>, ApiError> {
+        let path = format!("v2/sandboxes/{}/logs", path_segment(id));
+        let page: warren_proto::api::SandboxLogsV2 = self
+            .send_json(self.request(Method::GET, &path)?.query(query))
+            .await?;
+        Ok(page.logs)
+    }
+
     /// Warren's own `GET /sandboxes/{id}/disk?count=N`.
     pub async fn sandbox_disk_usage(
         &self,

@@ -74,6 +74,9 @@ pub struct MonitorConfig {
     pub interval: Duration,
     /// How long samples are kept.
     pub retention: Duration,
+    /// How long sandbox log lines are kept (and at most this many per sandbox, newest kept).
+    pub log_retention: Duration,
+    pub log_lines_per_sandbox: u64,
     pub runaway: RunawayPolicy,
     /// An event names a sandbox's largest processes when its memory in use reaches this percent of
     /// its limit (0: never). OOM kills are events whatever this is.
@@ -93,6 +96,8 @@ impl Default for MonitorConfig {
         MonitorConfig {
             interval: Duration::from_secs(5),
             retention: Duration::from_secs(3600),
+            log_retention: Duration::from_secs(7 * 24 * 3600),
+            log_lines_per_sandbox: 100_000,
             runaway: RunawayPolicy::default(),
             memory_alert_percent: 90.0,
             disk_alert_percent: 90.0,

@@ -67,6 +67,7 @@ async fn teams_see_and_touch_only_their_own_sandboxes() {
         ),
         (Method::GET, format!("/sandboxes/{red_id}/metrics"), None),
         (Method::GET, format!("/sandboxes/{red_id}/logs"), None),
+        (Method::GET, format!("/v2/sandboxes/{red_id}/logs"), None),
     ] {
         let answer = h.api_as(&blue, method.clone(), &path, body).await;
         assert_eq!(answer.status, StatusCode::NOT_FOUND, "{method} {path}");

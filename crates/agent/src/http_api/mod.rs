@@ -1,5 +1,6 @@
 //! The agent's HTTP surface: envd's plain endpoints (`/health`, `/init`, `/envs`, `/metrics`,
-//! `/files`), the Connect RPC routes, and the access-token check in front of them.
+//! `/files`), Warren's `/warren/logs`, the Connect RPC routes, and the access-token check in front
+//! of them.
 
 pub mod files;
 pub mod metrics;
@@ -36,6 +37,7 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .route("/init", post(init))
         .route("/envs", get(envs))
         .route("/metrics", get(metrics_handler))
+        .route("/warren/logs", get(logs_handler))
         .route("/files", get(files::download).post(files::upload))
         .route("/{service}/{method}", post(connect_rpc))
         .fallback(not_found)
@@ -186,6 +188,26 @@ async fn envs(State(agent): State<Arc<Agent>>) -> Json<BTreeMap<String, String>>
 
 async fn metrics_handler(State(agent): State<Arc<Agent>>) -> Json<metrics::Metrics> {
     Json(metrics::collect(&agent.cpu_sampler, &agent.root))
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct LogsQuery {
+    #[serde(default)]
+    after: u64,
+    limit: Option<usize>,
+}
+
+/// `GET /warren/logs?after=<seq>&limit=<n>` (Warren's own): the entries of the agent's log after
+/// `after`, oldest first, for the server to collect.
+async fn logs_handler(
+    State(agent): State<Arc<Agent>>,
+    axum::extract::Query(query): axum::extract::Query<LogsQuery>,
+) -> Json<crate::logbook::Page> {
+    Json(
+        agent
+            .logbook
+            .after(query.after, query.limit.unwrap_or(5000)),
+    )
 }
 
 /// Dispatches `POST /<service>/<method>` to the RPC handlers.

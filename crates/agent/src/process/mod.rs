@@ -4,6 +4,7 @@
 pub mod spawn;
 pub mod table;
 
+use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,13 +18,14 @@ use warren_proto::connect::{Code, ConnectError};
 use warren_proto::envd::process::{
     process_event::{self, data_event::Output, Event},
     process_input, stream_input_request, CloseStdinRequest, CloseStdinResponse, ConnectRequest,
-    ConnectResponse, ListRequest, ListResponse, ProcessEvent, SendInputRequest, SendInputResponse,
-    SendSignalRequest, SendSignalResponse, Signal, StartRequest, StartResponse, StreamInputRequest,
-    StreamInputResponse, UpdateRequest, UpdateResponse,
+    ConnectResponse, ListRequest, ListResponse, ProcessConfig, ProcessEvent, SendInputRequest,
+    SendInputResponse, SendSignalRequest, SendSignalResponse, Signal, StartRequest, StartResponse,
+    StreamInputRequest, StreamInputResponse, UpdateRequest, UpdateResponse,
 };
 
 use crate::connect_server::{CallContext, MessageStream};
 use crate::identity;
+use crate::logbook::LineSplitter;
 use crate::reaper::ExitStatus;
 use crate::state::Agent;
 use spawn::{SpawnRequest, SpawnedIo};
@@ -107,6 +109,14 @@ pub async fn start(
     .map_err(|e| ConnectError::new(Code::InvalidArgument, e.to_string()))?;
 
     let pid = spawned.pid;
+    log_start(
+        &agent,
+        pid,
+        &user.name,
+        &config,
+        req.tag.as_deref(),
+        pty.is_some(),
+    );
     let (events, first_subscriber) = broadcast::channel(EVENT_BUFFER);
     let (ended_tx, ended) = watch::channel(None);
     let (reaped_tx, reaped) = watch::channel(false);
@@ -117,8 +127,8 @@ pub async fn start(
             stdin,
         } => {
             let readers = vec![
-                tokio::spawn(pump_pipe(stdout, events.clone(), false)),
-                tokio::spawn(pump_pipe(stderr, events.clone(), true)),
+                tokio::spawn(pump_pipe(stdout, events.clone(), false, agent.clone(), pid)),
+                tokio::spawn(pump_pipe(stderr, events.clone(), true, agent.clone(), pid)),
             ];
             (stdin, None, readers)
         }
@@ -175,6 +185,7 @@ pub async fn start(
             let _ = tokio::time::timeout(Duration::from_millis(500), reader).await;
         }
         let end = end_event(status.ok());
+        log_end(&supervisor_agent, pid, &end);
         let _ = ended_tx.send(Some(end.clone()));
         let _ = events.send(Event::End(end));
         supervisor_agent.processes.remove(pid);
@@ -292,16 +303,95 @@ fn event_stream<M: Send + 'static>(
     ReceiverStream::new(out).boxed()
 }
 
+/// A field map with `pid` (every entry about a process carries it).
+fn pid_fields(pid: u32) -> BTreeMap<String, String> {
+    BTreeMap::from([("pid".to_string(), pid.to_string())])
+}
+
+/// `cmd` and `args` as one would type them in a shell.
+fn command_line(cmd: &str, args: &[String]) -> String {
+    std::iter::once(cmd)
+        .chain(args.iter().map(String::as_str))
+        .map(|word| {
+            let plain = !word.is_empty()
+                && word
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%".contains(&b));
+            if plain {
+                word.to_string()
+            } else {
+                format!("'{}'", word.replace('\'', "'\\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn log_start(
+    agent: &Agent,
+    pid: u32,
+    user: &str,
+    config: &ProcessConfig,
+    tag: Option<&str>,
+    pty: bool,
+) {
+    let line = command_line(&config.cmd, &config.args);
+    let mut fields = pid_fields(pid);
+    fields.insert("user".into(), user.to_string());
+    fields.insert("event".into(), "process_start".into());
+    if let Some(tag) = tag {
+        fields.insert("tag".into(), tag.to_string());
+    }
+    let what = if pty { "terminal" } else { "process" };
+    let mut message = format!("{what} {pid} started as {user}: {line}");
+    message.truncate(crate::logbook::MAX_LINE);
+    agent.logbook.record("info", message, fields);
+}
+
+fn log_end(agent: &Agent, pid: u32, end: &process_event::EndEvent) {
+    let mut fields = pid_fields(pid);
+    fields.insert("event".into(), "process_end".into());
+    fields.insert("exit_code".into(), end.exit_code.to_string());
+    let level = if end.exited && end.exit_code == 0 {
+        "info"
+    } else {
+        "error"
+    };
+    let message = format!("process {pid} ended: {}", end.status);
+    agent.logbook.record(level, message, fields);
+}
+
+/// Records each line of a command's output: stdout at level info, stderr at warn.
+fn log_lines(agent: &Agent, pid: u32, is_stderr: bool, lines: Vec<String>) {
+    let (stream, level) = if is_stderr {
+        ("stderr", "warn")
+    } else {
+        ("stdout", "info")
+    };
+    for line in lines {
+        let mut fields = pid_fields(pid);
+        fields.insert("stream".into(), stream.into());
+        agent.logbook.record(level, line, fields);
+    }
+}
+
 async fn pump_pipe(
     mut pipe: tokio::net::unix::pipe::Receiver,
     events: broadcast::Sender<Event>,
     is_stderr: bool,
+    agent: Arc<Agent>,
+    pid: u32,
 ) {
     let mut buf = vec![0u8; STD_CHUNK];
+    let mut lines = LineSplitter::default();
     loop {
         match pipe.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => {
+                log_lines(&agent, pid, is_stderr, lines.finish().into_iter().collect());
+                return;
+            }
             Ok(n) => {
+                log_lines(&agent, pid, is_stderr, lines.feed(&buf[..n]));
                 let chunk = buf[..n].to_vec();
                 let output = if is_stderr {
                     Output::Stderr(chunk)

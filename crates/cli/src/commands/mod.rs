@@ -4,6 +4,7 @@
 pub mod down;
 pub mod events;
 pub mod key;
+pub mod logs;
 pub mod sandbox;
 pub mod shell;
 pub mod template;

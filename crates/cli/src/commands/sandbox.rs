@@ -54,6 +54,7 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
             )
         }
         SandboxCommand::Metrics { id, since } => metrics(global, &id, since).await,
+        SandboxCommand::Logs(args) => super::logs::run(global, args).await,
         SandboxCommand::Du { id, count } => du(global, &id, count).await,
         SandboxCommand::Orphans { id, kill } => orphans(global, &id, kill).await,
     }

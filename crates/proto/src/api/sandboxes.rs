@@ -414,6 +414,12 @@ pub struct SandboxLogs {
     pub log_entries: Vec<SandboxLogEntry>,
 }
 
+/// `GET /v2/sandboxes/{id}/logs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxLogsV2 {
+    pub logs: Vec<SandboxLogEntry>,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SandboxLog {
     pub timestamp: DateTime<Utc>,

@@ -73,6 +73,17 @@ impl QueryPairs {
             .map(|(_, v)| v.as_str())
     }
 
+    /// A 400 naming the first parameter that is not one of `known`.
+    pub fn refuse_unknown(&self, known: &[&str]) -> Result<(), ApiError> {
+        match self.0.iter().find(|(k, _)| !known.contains(&k.as_str())) {
+            None => Ok(()),
+            Some((name, _)) => Err(ApiError::bad_request(format!(
+                "unknown query parameter {name:?}; this endpoint takes {}",
+                known.join(", ")
+            ))),
+        }
+    }
+
     pub fn all<'a>(&'a self, key: &'a str) -> impl Iterator<Item = &'a str> + 'a {
         self.0
             .iter()

@@ -17,8 +17,8 @@ use super::paging;
 use super::AppState;
 use crate::lifecycle::monitor::{cpu_count, sample_of};
 use crate::lifecycle::state::SandboxState;
-use crate::lifecycle::{CreateRequest, IdempotencyKey, ResumeOutcome};
-use crate::store::{MetricSample, Millis, SandboxFilter, SandboxRecord};
+use crate::lifecycle::{CreateRequest, IdempotencyKey, LogItem, ResumeOutcome};
+use crate::store::{LogLevel, LogQuery, MetricSample, Millis, SandboxFilter, SandboxRecord};
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
 
 pub fn router() -> Router<AppState> {
@@ -46,7 +46,7 @@ pub fn router() -> Router<AppState> {
             axum::routing::delete(signal_process),
         )
         .route("/sandboxes/{id}/logs", get(logs))
-        .route("/v2/sandboxes/{id}/logs", get(logs))
+        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
 }
 
 fn time(millis: Millis) -> DateTime<Utc> {
@@ -899,47 +899,121 @@ async fn signal_process(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// The sandbox's lifecycle events, as log lines.
+/// Most lines one log request returns (E2B's default page is 1000).
+const MAX_LOG_LIMIT: usize = 10_000;
+
+fn log_limit(query: &QueryPairs) -> Result<usize, ApiError> {
+    match query.get("limit") {
+        None | Some("") => Ok(1000),
+        Some(text) => match text.parse::<usize>() {
+            Ok(limit) if limit <= MAX_LOG_LIMIT => Ok(limit),
+            _ => Err(ApiError::bad_request(format!(
+                "limit must be a whole number from 0 to {MAX_LOG_LIMIT}, got {text:?}"
+            ))),
+        },
+    }
+}
+
+fn unix_millis(query: &QueryPairs, name: &str) -> Result<Option<Millis>, ApiError> {
+    match query.get(name) {
+        None | Some("") => Ok(None),
+        Some(text) => text.parse::<Millis>().map(Some).map_err(|_| {
+            ApiError::bad_request(format!("{name} must be unix milliseconds, got {text:?}"))
+        }),
+    }
+}
+
+/// A sandbox of this key's team that the store still has, ended ones included (their logs stay
+/// readable for the log retention).
+async fn any_sandbox(
+    state: &AppState,
+    key: &Authenticated,
+    id: &str,
+) -> Result<SandboxRecord, ApiError> {
+    match state.lifecycle.store().get_sandbox(id).await? {
+        Some(record) if record.team_id == key.0.team_id => Ok(record),
+        _ => Err(crate::lifecycle::LifecycleError::NotFound(id.to_string()).into()),
+    }
+}
+
+fn log_entry(item: LogItem) -> api::SandboxLogEntry {
+    api::SandboxLogEntry {
+        timestamp: time(item.at),
+        message: item.message,
+        level: item.level.as_str().to_string(),
+        fields: item.fields,
+    }
+}
+
+/// `GET /sandboxes/{id}/logs?start=<unix ms>&limit=`: the sandbox's log from `start` on, oldest
+/// first: its lifecycle events and what its commands printed (docs/operations.md "Sandbox logs").
 async fn logs(
     State(state): State<AppState>,
     key: Authenticated,
     Path(id): Path<String>,
+    query: QueryPairs,
 ) -> Result<Json<api::SandboxLogs>, ApiError> {
-    key.sandbox(&state, &id).await?;
-    let events = state.lifecycle.events(&id).await?;
-    let mut logs = api::SandboxLogs {
-        logs: Vec::new(),
-        log_entries: Vec::new(),
+    query.refuse_unknown(&["start", "limit"])?;
+    let record = any_sandbox(&state, &key, &id).await?;
+    let page = LogQuery {
+        cursor: unix_millis(&query, "start")?,
+        forward: true,
+        limit: log_limit(&query)?,
+        min_level: LogLevel::Debug,
+        search: None,
     };
-    for event in events {
-        let from = event
-            .from_state
-            .map_or("-".to_string(), |state| state.to_string());
-        let mut message = format!("sandbox {from} -> {}", event.to_state);
-        if let Some(reason) = &event.reason {
-            message.push_str(": ");
-            message.push_str(reason);
+    let items = state.lifecycle.sandbox_log(&record, &page).await?;
+    Ok(Json(api::SandboxLogs {
+        logs: items
+            .iter()
+            .map(|item| api::SandboxLog {
+                timestamp: time(item.at),
+                line: item.message.clone(),
+            })
+            .collect(),
+        log_entries: items.into_iter().map(log_entry).collect(),
+    }))
+}
+
+/// `GET /v2/sandboxes/{id}/logs?cursor=<unix ms>&limit=&direction=forward|backward&level=&search=`:
+/// a page of the log; `level` is the least severe level returned, `search` a case-insensitive
+/// substring of the message. Backward pages run newest first from the cursor (default: now).
+async fn logs_v2(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+    query: QueryPairs,
+) -> Result<Json<api::SandboxLogsV2>, ApiError> {
+    query.refuse_unknown(&["cursor", "limit", "direction", "level", "search"])?;
+    let record = any_sandbox(&state, &key, &id).await?;
+    let forward = match query.get("direction") {
+        None | Some("") | Some("forward") => true,
+        Some("backward") => false,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "direction must be forward or backward, got {other:?}"
+            )))
         }
-        let level = if event.to_state == SandboxState::Failed {
-            "error"
-        } else {
-            "info"
-        };
-        let mut fields = BTreeMap::new();
-        fields.insert("from".to_string(), from);
-        fields.insert("to".to_string(), event.to_state.to_string());
-        logs.logs.push(api::SandboxLog {
-            timestamp: time(event.at),
-            line: message.clone(),
-        });
-        logs.log_entries.push(api::SandboxLogEntry {
-            timestamp: time(event.at),
-            message,
-            level: level.to_string(),
-            fields,
-        });
-    }
-    Ok(Json(logs))
+    };
+    let min_level = match query.get("level") {
+        None | Some("") => LogLevel::Debug,
+        Some(text) => LogLevel::parse(text).ok_or_else(|| {
+            ApiError::bad_request(format!(
+                "level must be debug, info, warn or error, got {text:?}"
+            ))
+        })?,
+    };
+    let page = LogQuery {
+        cursor: unix_millis(&query, "cursor")?,
+        forward,
+        limit: log_limit(&query)?,
+        min_level,
+        search: query.get("search").map(str::to_string),
+    };
+    let items = state.lifecycle.sandbox_log(&record, &page).await?;
+    Ok(Json(api::SandboxLogsV2 {
+        logs: items.into_iter().map(log_entry).collect(),
+    }))
 }
 
 #[cfg(test)]

@@ -255,6 +255,8 @@ pub struct PassReport {
     pub events: Vec<(String, String)>,
     /// Sandboxes the idle policy ended.
     pub idle_ended: Vec<String>,
+    /// Lines collected from the agents' logs.
+    pub log_lines: usize,
 }
 
 /// Whether the agent of `record` runs a command or PTY for a client (the template's start command
@@ -321,6 +323,10 @@ pub async fn pass(
     let mut samples = Vec::new();
     for record in &running {
         let id = record.id.as_str();
+        match lifecycle.collect_logs(record).await {
+            Ok(lines) => report.log_lines += lines,
+            Err(error) => tracing::warn!(sandbox = %id, %error, "cannot store the sandbox's log"),
+        }
         // A sandbox may end between the listing and here: it is simply not looked at.
         let stats = match lifecycle.stats(id).await {
             Ok(stats) => stats,
@@ -475,11 +481,15 @@ pub async fn pass(
     state.runaways.retain_sandboxes(&live);
     state.sandboxes.retain(|id, _| live.contains(id.as_str()));
     lifecycle.activity().retain(|id| live.contains(id));
+    lifecycle.retain_log_cursors(|id| live.contains(id));
     report.sampled = samples.len();
     let store = lifecycle.store();
     store.insert_metric_samples(&samples).await?;
     let oldest_kept = now - config.retention.as_millis() as Millis;
     store.prune_metric_samples(oldest_kept).await?;
+    store
+        .prune_sandbox_logs(now - config.log_retention.as_millis() as Millis)
+        .await?;
     Ok(report)
 }
 

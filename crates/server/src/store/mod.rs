@@ -4,6 +4,7 @@
 //! PostgreSQL implementation can sit behind the same trait). All SQL lives in the implementations.
 
 pub mod sqlite;
+mod sqlite_logs;
 mod sqlite_metrics;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
@@ -250,6 +251,61 @@ pub struct MetricSample {
     pub pids: u64,
     /// The OOM killer's count in the sandbox's cgroup so far.
     pub oom_kills: u64,
+}
+
+/// A line of a sandbox's log as its agent recorded it: a line a command printed, or a process
+/// starting or ending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SandboxLogLine {
+    pub sandbox_id: String,
+    /// The agent's sequence number: unique per sandbox, increasing in the order recorded.
+    pub seq: i64,
+    pub at: Millis,
+    pub level: LogLevel,
+    pub message: String,
+    pub fields: BTreeMap<String, String>,
+}
+
+/// E2B's log levels, least severe first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<LogLevel> {
+        match text {
+            "debug" => Some(LogLevel::Debug),
+            "info" => Some(LogLevel::Info),
+            "warn" => Some(LogLevel::Warn),
+            "error" => Some(LogLevel::Error),
+            _ => None,
+        }
+    }
+}
+
+/// Which log lines of one sandbox to read: a page from `cursor` on (forward: at or after it,
+/// oldest first; backward: at or before it, newest first), at `min_level` or above, containing
+/// `search`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LogQuery {
+    pub cursor: Option<Millis>,
+    pub forward: bool,
+    pub limit: usize,
+    pub min_level: LogLevel,
+    pub search: Option<String>,
 }
 
 /// A team's webhook: where its sandboxes' lifecycle events go.
@@ -578,6 +634,24 @@ pub trait Store: Send + Sync {
     async fn latest_metric_samples(&self, ids: &[String]) -> Result<Vec<MetricSample>, StoreError>;
     /// Deletes samples taken before `before`; returns how many.
     async fn prune_metric_samples(&self, before: Millis) -> Result<u64, StoreError>;
+
+    // Sandbox logs
+    /// Stores lines (one already stored, by sandbox and sequence number, is left as it is) and
+    /// keeps at most `keep_per_sandbox` of each sandbox written to, dropping its oldest.
+    async fn insert_sandbox_logs(
+        &self,
+        lines: &[SandboxLogLine],
+        keep_per_sandbox: u64,
+    ) -> Result<(), StoreError>;
+    async fn sandbox_logs(
+        &self,
+        id: &str,
+        query: &LogQuery,
+    ) -> Result<Vec<SandboxLogLine>, StoreError>;
+    /// The highest sequence number stored for sandbox `id`.
+    async fn last_sandbox_log_seq(&self, id: &str) -> Result<Option<i64>, StoreError>;
+    /// Deletes lines recorded before `before`; returns how many.
+    async fn prune_sandbox_logs(&self, before: Millis) -> Result<u64, StoreError>;
 }
 
 /// What [`Store::claim_idempotency_key`] found.

@@ -14,11 +14,11 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces, ApiKeyRecord,
-    BuildRecord, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent, MetricSample,
-    Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxRecord, SnapshotFilter, SnapshotRecord,
-    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord,
-    WorkspaceMove, WorkspaceRecord,
+    sqlite_logs, sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces,
+    ApiKeyRecord, BuildRecord, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent,
+    LogQuery, MetricSample, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxLogLine,
+    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
+    TemplateTag, TransitionUpdate, WebhookRecord, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
@@ -502,6 +502,30 @@ impl Store for SqliteStore {
 
     async fn prune_metric_samples(&self, before: Millis) -> Result<u64, StoreError> {
         sqlite_metrics::prune(&self.pool, before).await
+    }
+
+    async fn insert_sandbox_logs(
+        &self,
+        lines: &[SandboxLogLine],
+        keep_per_sandbox: u64,
+    ) -> Result<(), StoreError> {
+        sqlite_logs::insert(&self.pool, lines, keep_per_sandbox).await
+    }
+
+    async fn sandbox_logs(
+        &self,
+        id: &str,
+        query: &LogQuery,
+    ) -> Result<Vec<SandboxLogLine>, StoreError> {
+        sqlite_logs::page(&self.pool, id, query).await
+    }
+
+    async fn last_sandbox_log_seq(&self, id: &str) -> Result<Option<i64>, StoreError> {
+        sqlite_logs::last_seq(&self.pool, id).await
+    }
+
+    async fn prune_sandbox_logs(&self, before: Millis) -> Result<u64, StoreError> {
+        sqlite_logs::prune(&self.pool, before).await
     }
 
     async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError> {
@@ -1048,6 +1072,7 @@ async fn insert_event(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::LogLevel;
     use crate::store::DEFAULT_TEAM;
 
     fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
@@ -1188,6 +1213,65 @@ mod tests {
         );
         assert_eq!(store.prune_metric_samples(3000).await.unwrap(), 4);
         assert_eq!(store.metric_samples("a", 0, 10_000).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn sandbox_logs_page_both_ways_filter_and_keep_a_bound_per_sandbox() {
+        let (store, _dir) = store().await;
+        let line = |id: &str, seq: i64, level: LogLevel, message: &str| SandboxLogLine {
+            sandbox_id: id.into(),
+            seq,
+            at: seq * 1000,
+            level,
+            message: message.into(),
+            fields: BTreeMap::from([("pid".to_string(), "7".to_string())]),
+        };
+        let lines = vec![
+            line("a", 1, LogLevel::Info, "process 7 started"),
+            line("a", 2, LogLevel::Info, "hello 50%_done"),
+            line("a", 3, LogLevel::Warn, "careful"),
+            line("a", 4, LogLevel::Error, "process 7 ended: exit status 1"),
+            line("b", 1, LogLevel::Info, "other sandbox"),
+        ];
+        store.insert_sandbox_logs(&lines, 100).await.unwrap();
+        // Stored again (a collection that overlapped another): nothing doubles.
+        store.insert_sandbox_logs(&lines[..2], 100).await.unwrap();
+        let query = |cursor, forward, min_level, search: Option<&str>| LogQuery {
+            cursor,
+            forward,
+            limit: 2,
+            min_level,
+            search: search.map(str::to_string),
+        };
+        let seqs = |found: Vec<SandboxLogLine>| found.iter().map(|l| l.seq).collect::<Vec<_>>();
+        let all = query(None, true, LogLevel::Debug, None);
+        let first = store.sandbox_logs("a", &all).await.unwrap();
+        assert_eq!(first[0], lines[0], "a line reads back as written");
+        assert_eq!(seqs(first), [1, 2]);
+        let next = query(Some(3000), true, LogLevel::Debug, None);
+        assert_eq!(seqs(store.sandbox_logs("a", &next).await.unwrap()), [3, 4]);
+        let back = query(Some(3000), false, LogLevel::Debug, None);
+        assert_eq!(seqs(store.sandbox_logs("a", &back).await.unwrap()), [3, 2]);
+        let warn = query(None, true, LogLevel::Warn, None);
+        assert_eq!(seqs(store.sandbox_logs("a", &warn).await.unwrap()), [3, 4]);
+        // `%` and `_` are matched as themselves, and case does not matter.
+        let found = query(None, true, LogLevel::Debug, Some("50%_D"));
+        assert_eq!(seqs(store.sandbox_logs("a", &found).await.unwrap()), [2]);
+        let none = query(None, true, LogLevel::Debug, Some("5_%"));
+        assert!(store.sandbox_logs("a", &none).await.unwrap().is_empty());
+        assert_eq!(store.last_sandbox_log_seq("a").await.unwrap(), Some(4));
+        assert_eq!(store.last_sandbox_log_seq("nobody").await.unwrap(), None);
+
+        // Over the bound, a sandbox's oldest lines go; another sandbox's are not touched.
+        store
+            .insert_sandbox_logs(&[line("a", 5, LogLevel::Info, "five")], 3)
+            .await
+            .unwrap();
+        let ten = LogQuery { limit: 10, ..all };
+        let kept = store.sandbox_logs("a", &ten).await.unwrap();
+        assert_eq!(seqs(kept), [3, 4, 5]);
+        assert_eq!(store.prune_sandbox_logs(4000).await.unwrap(), 2);
+        assert!(store.sandbox_logs("b", &ten).await.unwrap().is_empty());
     }
 
     #[tokio::test]

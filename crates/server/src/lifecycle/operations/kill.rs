@@ -29,6 +29,10 @@ impl Lifecycle {
         // From here on the sandbox is gone for traffic: the proxy answers "not found" at once instead of
         // connecting to a sandbox that is being torn down.
         self.routes.set(&record.id, Some(Route::Ending));
+        // The last lines the sandbox printed, before they go with it.
+        if let Err(error) = self.collect_logs(record).await {
+            tracing::warn!(sandbox = %record.id, %error, "the sandbox's last log lines were not stored");
+        }
         let checkpointed = record.pause_kind == Some(PauseKind::Checkpoint);
         if !checkpointed {
             let id = record.id.clone();

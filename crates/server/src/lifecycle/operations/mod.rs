@@ -4,6 +4,8 @@
 
 mod create;
 mod kill;
+mod logs;
+pub use logs::LogItem;
 mod network;
 mod orphans;
 pub(crate) use orphans::agent_processes;
@@ -110,6 +112,8 @@ pub struct Lifecycle {
     routes: RouteTable,
     /// Requests through the proxy, per sandbox (the idle policy's input).
     activity: Arc<crate::lifecycle::activity::Activity>,
+    /// Per running sandbox, the last agent log entry collected.
+    log_cursors: Mutex<HashMap<String, u64>>,
 }
 
 fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
@@ -152,6 +156,7 @@ impl Lifecycle {
             admission: tokio::sync::Mutex::new(()),
             routes: RouteTable::default(),
             activity: Arc::default(),
+            log_cursors: Mutex::new(HashMap::new()),
         }
     }
 

@@ -48,6 +48,10 @@ impl Lifecycle {
                 )))
             }
         }
+        // Lines printed since the last collection are readable while the sandbox is paused.
+        if let Err(error) = self.collect_logs(record).await {
+            tracing::warn!(sandbox = %record.id, %error, "the sandbox's latest log lines were not stored");
+        }
         let reason = Some(reason.to_string());
         self.transition(
             record,
