@@ -72,6 +72,16 @@ pub enum Command {
     /// Stop the `warren up` running on a state directory (SIGTERM, then wait for it to exit);
     /// with --kill-sandboxes also end every sandbox it started.
     Down(DownArgs),
+    /// Find and remove what sandboxes of deleted state directories left on this host: their
+    /// processes and supervisors, mounts, cgroups and lxcfs mounts (needs root).
+    Gc(GcArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct GcArgs {
+    /// Only list what would be removed.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 #[derive(Debug, Args)]

@@ -18,8 +18,21 @@ use std::time::{Duration, Instant};
 /// How long a `criu dump` the dead server started may still take before it is killed.
 pub const DUMP_WAIT: Duration = Duration::from_secs(60);
 
-/// Host processes whose command line (NUL-separated arguments) satisfies `matches`.
-fn processes_where(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
+/// Whether process `pid` lives in the caller's PID namespace. A sandbox's processes do not (they
+/// show in the host's `/proc` all the same), and they can give themselves any command line.
+pub(crate) fn in_our_pid_namespace(pid: u32) -> bool {
+    match (
+        std::fs::read_link("/proc/self/ns/pid"),
+        std::fs::read_link(format!("/proc/{pid}/ns/pid")),
+    ) {
+        (Ok(ours), Ok(theirs)) => ours == theirs,
+        _ => false,
+    }
+}
+
+/// Processes of the caller's PID namespace (never a sandbox's) whose command line (NUL-separated
+/// arguments) satisfies `matches`.
+pub(crate) fn processes_where(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -34,7 +47,7 @@ fn processes_where(matches: impl Fn(&[&[u8]]) -> bool) -> Vec<u32> {
                 .split(|b| *b == 0)
                 .filter(|a| !a.is_empty())
                 .collect();
-            matches(&args)
+            matches(&args) && in_our_pid_namespace(*pid)
         })
         .collect()
 }
@@ -103,6 +116,54 @@ mod tests {
 
     fn words(line: &str) -> Vec<&[u8]> {
         line.split(' ').map(str::as_bytes).collect()
+    }
+
+    /// The attack: a sandbox's process names itself like a supervisor (or a CRIU dump). It lives in
+    /// another PID namespace, so nothing here takes it for one.
+    #[test]
+    fn processes_of_another_pid_namespace_are_never_taken_for_the_hosts() {
+        if !nix::unistd::geteuid().is_root() {
+            println!("SKIP: a new PID namespace needs root");
+            return;
+        }
+        let mut ours = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        let mut theirs = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "sleep", "31"])
+            .spawn()
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let inner = loop {
+            let children =
+                std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", theirs.id()))
+                    .unwrap_or_default();
+            if let Some(pid) = children.split_whitespace().next() {
+                break pid.parse::<u32>().unwrap();
+            }
+            assert!(Instant::now() < deadline, "unshare started no child");
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert!(in_our_pid_namespace(ours.id()));
+        assert!(
+            !in_our_pid_namespace(inner),
+            "a process of another PID namespace"
+        );
+        let found = processes_where(|args| args.last() == Some(&&b"31"[..]));
+        assert!(!found.contains(&inner), "{found:?}");
+        assert!(
+            found.contains(&theirs.id()),
+            "unshare itself runs here: {found:?}"
+        );
+        for child in [&mut ours, &mut theirs] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(inner as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
 
     #[test]

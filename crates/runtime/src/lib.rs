@@ -32,6 +32,7 @@ pub mod cgroups;
 pub mod config;
 pub mod confined;
 pub mod crash_recovery;
+pub mod gc;
 pub mod host_capacity;
 mod linux_runtime;
 pub mod namespaces;

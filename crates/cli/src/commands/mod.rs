@@ -3,6 +3,7 @@
 
 pub mod down;
 pub mod events;
+pub mod gc;
 pub mod key;
 pub mod logs;
 pub mod sandbox;
@@ -66,6 +67,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Workspace(command) => workspace::run(&global, command).await,
         Command::Events(args) => events::run(&global, args).await,
         Command::Down(args) => down::run(&global, args).await,
+        Command::Gc(args) => gc::run(&global, args),
     }
 }
 

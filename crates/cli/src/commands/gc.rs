@@ -1,0 +1,105 @@
+//! `warren gc`: what sandboxes of deleted state directories left on this host, listed and removed
+//! (docs/operations.md, "Sandboxes outlive the server that started them").
+
+use serde::Serialize;
+use warren_runtime::gc::{self, Findings};
+
+use super::{print_json, CommandError};
+use crate::args::{GcArgs, GlobalArgs};
+use crate::exit_code;
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Report {
+    sandboxes: Vec<SandboxReport>,
+    lxcfs_mounts: Vec<String>,
+    removed: bool,
+    problems: Vec<String>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SandboxReport {
+    id: String,
+    dir: Option<String>,
+    supervisors: Vec<u32>,
+    mounts: Vec<String>,
+    cgroup: bool,
+    cgroup_tasks: usize,
+}
+
+fn report(findings: &Findings, removed: bool, problems: Vec<String>) -> Report {
+    Report {
+        sandboxes: findings
+            .sandboxes
+            .iter()
+            .map(|s| SandboxReport {
+                id: s.id.clone(),
+                dir: s.dir.as_ref().map(|d| d.display().to_string()),
+                supervisors: s.supervisors.clone(),
+                mounts: s.mounts.iter().map(|m| m.display().to_string()).collect(),
+                cgroup: s.cgroup,
+                cgroup_tasks: s.cgroup_tasks,
+            })
+            .collect(),
+        lxcfs_mounts: findings
+            .lxcfs_mounts
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect(),
+        removed,
+        problems,
+    }
+}
+
+pub fn run(global: &GlobalArgs, args: GcArgs) -> Result<i32, CommandError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(CommandError::Usage(
+            "warren gc needs root (it reads every process and cgroup and unmounts)".into(),
+        ));
+    }
+    let findings = gc::find();
+    let problems = if args.dry_run {
+        Vec::new()
+    } else {
+        gc::remove(&findings)
+    };
+    let report = report(&findings, !args.dry_run, problems);
+    if global.json {
+        print_json(&report)?;
+    } else {
+        let verb = if args.dry_run {
+            "would remove"
+        } else {
+            "removed"
+        };
+        for s in &report.sandboxes {
+            let mut parts = Vec::new();
+            if !s.supervisors.is_empty() {
+                parts.push(format!("{} supervisor(s)", s.supervisors.len()));
+            }
+            if s.cgroup {
+                parts.push(format!("a cgroup with {} process(es)", s.cgroup_tasks));
+            }
+            if !s.mounts.is_empty() {
+                parts.push(format!("{} mount(s)", s.mounts.len()));
+            }
+            let place = s.dir.as_deref().unwrap_or("no directory");
+            println!("sandbox {} ({place}): {verb} {}", s.id, parts.join(", "));
+        }
+        for mount in &report.lxcfs_mounts {
+            println!("lxcfs mount {mount}: {verb}");
+        }
+        if report.sandboxes.is_empty() && report.lxcfs_mounts.is_empty() {
+            println!("nothing to remove: every sandbox on this host has its state directory");
+        }
+        for problem in &report.problems {
+            eprintln!("warren gc: {problem}");
+        }
+    }
+    Ok(if report.problems.is_empty() {
+        exit_code::OK
+    } else {
+        exit_code::ERROR
+    })
+}
