@@ -168,6 +168,8 @@ impl Server {
             },
             Some(config.base_rootfs.clone()),
         ));
+        let in_use = Arc::clone(&build_service);
+        lifecycle.track_build_sandboxes(Arc::new(move || in_use.active_sandboxes()));
         let builds = Arc::new(templates::builds::TemplateBuilds::new(
             build_service,
             Arc::clone(lifecycle.store()),

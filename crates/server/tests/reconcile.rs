@@ -149,10 +149,14 @@ async fn the_running_server_reconciles_every_period() {
         .unwrap()
         .to_string();
     runtime.start_untracked("wtuntracked");
+    // A template-build sandbox no running build works in (its build hung or died).
+    runtime.start_untracked("bld-abandoned-run1");
     runtime.destroy(&vanishing).unwrap();
 
     let settled = support::fake_runtime::eventually(|| {
-        !runtime.live_ids().contains(&"wtuntracked".to_string())
+        let live = runtime.live_ids();
+        !live.contains(&"wtuntracked".to_string())
+            && !live.contains(&"bld-abandoned-run1".to_string())
     });
     assert!(
         settled.await,
@@ -203,7 +207,7 @@ async fn the_running_server_reconciles_every_period() {
         "{text}"
     );
     assert!(
-        text.contains("warren_reconciled_total{action=\"untracked_destroyed\"} 1"),
+        text.contains("warren_reconciled_total{action=\"untracked_destroyed\"} 2"),
         "{text}"
     );
 }

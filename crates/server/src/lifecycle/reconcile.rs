@@ -14,7 +14,8 @@
 //! destroyed once two passes in a row found it so; a running or frozen sandbox whose processes are
 //! gone (its supervisor killed, say) is marked failed with the reason `lost`. A sandbox whose lock is
 //! held (an operation is under way) is left to the next pass. Build sandboxes (`bld-` IDs) belong to
-//! their template build and are left alone.
+//! their template build: one a running build works in is left alone, any other is destroyed like an
+//! untracked sandbox.
 
 use std::collections::{HashMap, HashSet};
 
@@ -357,6 +358,7 @@ async fn renew_deadlines(
     lifecycle: &Lifecycle,
     tracked: &[SandboxRecord],
     live: &HashMap<String, warren_runtime::Sandbox>,
+    building: Option<&HashSet<String>>,
 ) {
     let now = super::now_millis();
     let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
@@ -368,10 +370,10 @@ async fn renew_deadlines(
             (record.id.clone(), until.max(0) as u64)
         })
         .collect();
-    // Template-build sandboxes live as long as this server does (their build bounds them).
+    // Template-build sandboxes live as long as their build does (its timeout bounds it).
     renewals.extend(
         live.keys()
-            .filter(|id| id.starts_with(BUILD_SANDBOX_PREFIX))
+            .filter(|id| build_in_use(building, id))
             .map(|id| (id.clone(), now.saturating_add(lease).max(0) as u64)),
     );
     if renewals.is_empty() {
@@ -394,6 +396,12 @@ async fn renew_deadlines(
 
 /// ID prefix of template-build sandboxes, which have no sandbox row.
 const BUILD_SANDBOX_PREFIX: &str = "bld-";
+
+/// Whether `id` is a template-build sandbox a running build works in (`building`: the build
+/// service's answer; without one, every build sandbox is taken to be in use).
+fn build_in_use(building: Option<&HashSet<String>>, id: &str) -> bool {
+    id.starts_with(BUILD_SANDBOX_PREFIX) && building.is_none_or(|in_use| in_use.contains(id))
+}
 
 /// What one periodic pass fixed.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -435,11 +443,14 @@ pub async fn sweep(
         })
         .await?;
     let tracked_ids: HashSet<&str> = tracked.iter().map(|r| r.id.as_str()).collect();
+    let building = lifecycle.build_sandboxes_in_use();
     let mut report = SweepReport::default();
 
     let mut still_suspect = HashSet::new();
     for id in live.keys() {
-        if tracked_ids.contains(id.as_str()) || id.starts_with(BUILD_SANDBOX_PREFIX) {
+        // A build sandbox no running build works in (its build thread hung or died) is as
+        // untracked as any other.
+        if tracked_ids.contains(id.as_str()) || build_in_use(building.as_ref(), id) {
             continue;
         }
         if !suspects.contains(id) {
@@ -468,7 +479,7 @@ pub async fn sweep(
     }
     *suspects = still_suspect;
 
-    renew_deadlines(lifecycle, &tracked, &live).await;
+    renew_deadlines(lifecycle, &tracked, &live, building.as_ref()).await;
 
     for record in tracked {
         let holds_processes = match record.state {
@@ -513,4 +524,22 @@ pub async fn sweep(
         tracing::info!(untracked_destroyed = ?report.untracked_destroyed, lost = ?report.lost, "periodic reconciliation");
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_build_sandbox_is_in_use_only_while_a_running_build_names_it() {
+        let in_use = HashSet::from(["bld-a-run1".to_string()]);
+        assert!(build_in_use(Some(&in_use), "bld-a-run1"));
+        assert!(!build_in_use(Some(&in_use), "bld-b-run1"));
+        assert!(
+            !build_in_use(Some(&in_use), "a-run1"),
+            "not a build sandbox"
+        );
+        assert!(build_in_use(None, "bld-b-run1"), "nobody told: kept");
+        assert!(!build_in_use(None, "sandbox1"));
+    }
 }

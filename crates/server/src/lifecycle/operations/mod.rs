@@ -114,7 +114,12 @@ pub struct Lifecycle {
     activity: Arc<crate::lifecycle::activity::Activity>,
     /// Per running sandbox, the last agent log entry collected.
     log_cursors: Mutex<HashMap<String, u64>>,
+    /// The sandboxes template builds work in now (set once the build service exists).
+    build_sandboxes: Mutex<Option<BuildSandboxSource>>,
 }
+
+/// Answers which template-build sandboxes a running build works in.
+pub type BuildSandboxSource = Arc<dyn Fn() -> std::collections::HashSet<String> + Send + Sync>;
 
 fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) -> LifecycleError {
     let id = id.to_string();
@@ -157,7 +162,28 @@ impl Lifecycle {
             routes: RouteTable::default(),
             activity: Arc::default(),
             log_cursors: Mutex::new(HashMap::new()),
+            build_sandboxes: Mutex::new(None),
         }
+    }
+
+    /// Where the reconciler learns which template-build sandboxes are in use: it renews their
+    /// deadlines and ends the others.
+    pub fn track_build_sandboxes(&self, source: BuildSandboxSource) {
+        *self
+            .build_sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(source);
+    }
+
+    /// The template-build sandboxes in use now; `None` when no build service told (then every
+    /// build sandbox counts as in use).
+    pub(crate) fn build_sandboxes_in_use(&self) -> Option<std::collections::HashSet<String>> {
+        let source = self
+            .build_sandboxes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        source.map(|answer| answer())
     }
 
     /// Requests through the proxy, per sandbox.

@@ -186,6 +186,14 @@ impl BuildJob {
         Some(control.sandbox.clone())
     }
 
+    /// The sandbox the build works in now, while it has not ended.
+    pub fn current_sandbox(&self) -> Option<String> {
+        if !matches!(self.status(), BuildStatus::Waiting | BuildStatus::Building) {
+            return None;
+        }
+        self.control().sandbox.clone()
+    }
+
     /// Why the build was told to stop, if it was.
     pub fn stop_reason(&self) -> Option<String> {
         self.control().stop.clone()

@@ -283,6 +283,15 @@ impl BuildService {
         Ok((template, plan))
     }
 
+    /// The sandboxes builds that have not ended work in now (the reconciler keeps these and ends
+    /// other build sandboxes).
+    pub fn active_sandboxes(&self) -> std::collections::HashSet<String> {
+        self.lock_jobs()
+            .values()
+            .filter_map(BuildJob::current_sandbox)
+            .collect()
+    }
+
     fn lock_jobs(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), BuildJob>> {
         self.jobs.lock().unwrap_or_else(|p| p.into_inner())
     }
