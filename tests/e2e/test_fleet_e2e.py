@@ -352,3 +352,27 @@ def test_orphans_left_by_a_finished_command_are_listed_and_reaped_on_resume(sdk_
             kept.kill()
         finally:
             api.delete(f"/sandboxes/{sandbox_id}")
+
+
+def test_orphans_are_reaped_on_the_sandboxs_schedule(sdk_env):
+    from e2b import Sandbox
+
+    with _api(sdk_env) as api:
+        refused = api.post("/sandboxes", json={"templateID": "base", "policies": {"reapOrphansEverySecs": -1}})
+        assert refused.status_code == 400 and "reapOrphansEverySecs" in refused.text, refused.text
+        sandbox_id = _create(api, {"reapOrphansEverySecs": 2})
+        try:
+            sandbox = Sandbox.connect(sandbox_id)
+            kept = sandbox.commands.run("sleep 600 # wt-kept", background=True)
+            assert sandbox.commands.run(ORPHANS).stdout == "started\n"
+            reaped = _event(api, sandbox_id, "orphaned process(es) (on schedule)")
+            assert "orphan-worker" in reaped[0], reaped
+            poll(
+                "no orphan left",
+                lambda: not _commands(api.get(f"/sandboxes/{sandbox_id}/processes").json(), "orphan-worker"),
+                30,
+            )
+            processes = api.get(f"/sandboxes/{sandbox_id}/processes").json()
+            assert kept.pid in [p["pid"] for p in processes], "the agent's own background command lives on"
+        finally:
+            api.delete(f"/sandboxes/{sandbox_id}")

@@ -251,6 +251,10 @@ pub struct UpArgs {
     /// resumed (a sandbox can ask for its own with `policies.reapOrphansOnResume`).
     #[arg(long, env = "WARREN_REAP_ORPHANS_ON_RESUME")]
     pub reap_orphans_on_resume: bool,
+    /// Kill every running sandbox's orphaned processes every SECONDS (0: never; a sandbox can ask
+    /// for its own period with `policies.reapOrphansEverySecs`).
+    #[arg(long, env = "WARREN_REAP_ORPHANS_EVERY_SECS", default_value_t = 0)]
+    pub reap_orphans_every_secs: u64,
     /// Serve the API and the proxy over HTTPS with a certificate signed by a local CA Warren makes
     /// once in the state dir (tls/ca.crt; clients trust that file). With TLS the proxy's port also
     /// answers as `api.<domain>`: E2B_DOMAIN mode (docs/tls.md).

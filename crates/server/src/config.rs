@@ -89,6 +89,9 @@ pub struct MonitorConfig {
     pub idle_timeout: Option<Duration>,
     /// Kill each sandbox's orphaned processes when it is resumed (a sandbox can ask for its own).
     pub reap_orphans_on_resume: bool,
+    /// Kill each running sandbox's orphaned processes this often (`None`: never, unless the sandbox
+    /// asks with `policies.reapOrphansEverySecs`).
+    pub reap_orphans_every: Option<Duration>,
 }
 
 impl Default for MonitorConfig {
@@ -103,6 +106,7 @@ impl Default for MonitorConfig {
             disk_alert_percent: 90.0,
             idle_timeout: None,
             reap_orphans_on_resume: false,
+            reap_orphans_every: None,
         }
     }
 }

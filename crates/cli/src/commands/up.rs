@@ -131,6 +131,8 @@ fn server_config(
         idle_timeout: (args.idle_timeout_secs > 0)
             .then(|| std::time::Duration::from_secs(args.idle_timeout_secs)),
         reap_orphans_on_resume: args.reap_orphans_on_resume,
+        reap_orphans_every: (args.reap_orphans_every_secs > 0)
+            .then(|| std::time::Duration::from_secs(args.reap_orphans_every_secs)),
     };
     config
 }

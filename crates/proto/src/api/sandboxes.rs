@@ -71,6 +71,9 @@ pub struct SandboxPolicies {
     /// resumed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reap_orphans_on_resume: Option<bool>,
+    /// Kill the sandbox's orphaned processes every this many seconds while it runs (0: never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reap_orphans_every_secs: Option<u64>,
 }
 
 /// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and

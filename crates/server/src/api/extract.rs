@@ -22,10 +22,27 @@ where
         let bytes = Bytes::from_request(request, state)
             .await
             .map_err(|rejection| ApiError::bad_request(format!("cannot read body: {rejection}")))?;
-        serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|error| ApiError::bad_request(format!("invalid request body: {error}")))
+        parse_body(&bytes).map(ApiJson)
     }
+}
+
+/// Parses a JSON body; a refusal names the field at fault (`policies.reapOrphansEverySecs`), not
+/// just the line and column.
+fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    let mut reader = serde_json::Deserializer::from_slice(bytes);
+    let parsed: T = serde_path_to_error::deserialize(&mut reader).map_err(|error| {
+        let path = error.path().to_string();
+        let inner = error.into_inner();
+        if path.is_empty() || path == "." {
+            ApiError::bad_request(format!("invalid request body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("invalid request body at {path}: {inner}"))
+        }
+    })?;
+    reader
+        .end()
+        .map_err(|error| ApiError::bad_request(format!("invalid request body: {error}")))?;
+    Ok(parsed)
 }
 
 /// A JSON body that may be empty (then `T::default()`).
@@ -45,9 +62,7 @@ where
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(OptionalJson(T::default()));
         }
-        serde_json::from_slice(&bytes)
-            .map(OptionalJson)
-            .map_err(|error| ApiError::bad_request(format!("invalid request body: {error}")))
+        parse_body(&bytes).map(OptionalJson)
     }
 }
 

@@ -209,6 +209,20 @@ struct SandboxAlerts {
     /// When this server run first saw the sandbox running, or last found a command running in it:
     /// the idle clock starts no earlier.
     busy_at: Millis,
+    /// When this server run first saw the sandbox running, or last reaped its orphans on schedule.
+    reaped_at: Millis,
+}
+
+/// A period in seconds a sandbox may set for itself (0: off), else the server's default.
+fn own_or_default(
+    own: Option<u64>,
+    default: Option<std::time::Duration>,
+) -> Option<std::time::Duration> {
+    match own {
+        Some(0) => None,
+        Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
+        None => default,
+    }
 }
 
 /// The idle timeout that applies to `record`: its own, else the server's; `None` when off.
@@ -216,11 +230,15 @@ pub fn idle_timeout(
     default: Option<std::time::Duration>,
     record: &SandboxRecord,
 ) -> Option<std::time::Duration> {
-    match record.policies.idle_timeout_secs {
-        Some(0) => None,
-        Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
-        None => default,
-    }
+    own_or_default(record.policies.idle_timeout_secs, default)
+}
+
+/// How often `record`'s orphans are reaped: its own period, else the server's; `None` when never.
+pub fn orphan_reap_period(
+    default: Option<std::time::Duration>,
+    record: &SandboxRecord,
+) -> Option<std::time::Duration> {
+    own_or_default(record.policies.reap_orphans_every_secs, default)
 }
 
 /// Whether a sandbox last busy at `busy_at` and used through the proxy as `used` says has been idle
@@ -257,6 +275,8 @@ pub struct PassReport {
     pub idle_ended: Vec<String>,
     /// Lines collected from the agents' logs.
     pub log_lines: usize,
+    /// Orphaned processes killed by the scheduled reaping.
+    pub orphans_reaped: usize,
 }
 
 /// Whether the agent of `record` runs a command or PTY for a client (the template's start command
@@ -374,6 +394,7 @@ pub async fn pass(
             .entry(id.to_string())
             .or_insert_with(|| SandboxAlerts {
                 busy_at: now,
+                reaped_at: now,
                 ..SandboxAlerts::default()
             });
         let last_oom = match alerts.oom_kills {
@@ -453,6 +474,17 @@ pub async fn pass(
             note(lifecycle, &mut report, id, "disk_full", "reported", text).await;
         }
         samples.push(sample);
+        if let Some(period) = orphan_reap_period(config.reap_orphans_every, record) {
+            if now - alerts.reaped_at >= period.as_millis() as Millis {
+                alerts.reaped_at = now;
+                match lifecycle.reap_orphans(id, "on schedule").await {
+                    Ok(reaped) => report.orphans_reaped += reaped.len(),
+                    Err(error) => {
+                        tracing::debug!(sandbox = %id, %error, "orphans not reaped on schedule")
+                    }
+                }
+            }
+        }
         if let Some(limit) = idle_timeout(config.idle_timeout, record) {
             let used = lifecycle.activity().of(id);
             if idle_for(limit, alerts.busy_at, used, now) {
