@@ -121,6 +121,19 @@ def test_metrics_range_returns_the_samples_of_that_range(sdk_env):
             ).json()
             assert list(many["sandboxes"]) == [sandbox.sandbox_id], many
 
+            # Traffic to the sandbox (a command's request in, a megabyte of output out) is counted
+            # on its link, and the page cache a written file fills is reported.
+            before = samples[-1]
+            sandbox.commands.run("head -c 1000000 /dev/zero | base64 -w 0 > /tmp/wt-out; cat /tmp/wt-out")
+
+            def grown():
+                last = api.get(url).json()[-1]
+                return last if last["netTxBytes"] >= before["netTxBytes"] + 1_000_000 else None
+
+            last = poll("the output counted as sent", grown, SAMPLES_WAIT_S)
+            assert last["netRxBytes"] > before["netRxBytes"], (before, last)
+            assert last["memCache"] > 0, last
+
         import datetime
 
         start = datetime.datetime.fromtimestamp(middle, tz=datetime.timezone.utc)

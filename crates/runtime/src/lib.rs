@@ -149,6 +149,12 @@ pub struct Stats {
     /// Tasks the kernel's OOM killer has ended in this sandbox's cgroup since it was made (a restore
     /// makes a new cgroup, so the count starts again).
     pub oom_kills: u64,
+    /// Page cache in the sandbox's memory, in bytes.
+    pub memory_cache_bytes: u64,
+    /// Bytes the sandbox received and sent on its network link since it was started or restored
+    /// (a restore makes a new link, so the counts start again).
+    pub net_rx_bytes: u64,
+    pub net_tx_bytes: u64,
 }
 
 /// One process inside a sandbox, with PIDs as the sandbox sees them.

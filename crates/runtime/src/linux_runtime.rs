@@ -570,6 +570,17 @@ impl LinuxRuntime {
 }
 
 /// IDs become hostnames, directory and cgroup names: keep them to a safe alphabet.
+/// Bytes received and sent by host link `name` (0 when it cannot be read).
+fn link_bytes(name: &str) -> (u64, u64) {
+    let read = |counter: &str| {
+        std::fs::read_to_string(format!("/sys/class/net/{name}/statistics/{counter}"))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (read("rx_bytes"), read("tx_bytes"))
+}
+
 fn validate_id(id: &str) -> Result<(), RuntimeError> {
     let ok = !id.is_empty()
         && id.len() <= 63
@@ -769,6 +780,19 @@ impl Runtime for LinuxRuntime {
             .usage()
             .unwrap_or((0, record.disk_mib * 1024 * 1024));
         let cpu_percent = self.cpu_percent(id, cpu_usage_usec);
+        // The host's end of the veth: what it receives, the sandbox sent.
+        let (mut net_rx_bytes, mut net_tx_bytes) = (0, 0);
+        for ip in self.addresses.leases_of(id) {
+            let plan = NetworkPlan {
+                bridge: self.config.bridge.clone(),
+                gateway: self.config.gateway,
+                prefix: self.config.subnet_prefix,
+                ip,
+            };
+            let (host_rx, host_tx) = link_bytes(&plan.host_veth());
+            net_rx_bytes += host_tx;
+            net_tx_bytes += host_rx;
+        }
         Ok(Stats {
             cpu_usage_usec,
             cpu_percent,
@@ -780,6 +804,9 @@ impl Runtime for LinuxRuntime {
                 .pids_current()
                 .map_err(internal(format!("count the tasks of sandbox {id}")))?,
             oom_kills: cgroup.oom_kills().unwrap_or(0),
+            memory_cache_bytes: cgroup.memory_cache().unwrap_or(0),
+            net_rx_bytes,
+            net_tx_bytes,
         })
     }
 

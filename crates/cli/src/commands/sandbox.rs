@@ -125,13 +125,15 @@ async fn metrics(global: &GlobalArgs, id: &str, since: Option<u64>) -> Result<i3
         return Ok(exit_code::OK);
     }
     let mib = |bytes: u64| format!("{:.0} MiB", bytes as f64 / 1048576.0);
-    let mut table = Table::new(["time", "cpu", "memory", "disk"]);
+    let mut table = Table::new(["time", "cpu", "memory", "cache", "disk", "net in / out"]);
     for s in &samples {
         table.row([
             format_time(&s.timestamp),
             format!("{:.1}% of {}", s.cpu_used_pct, s.cpu_count),
             format!("{} / {}", mib(s.mem_used), mib(s.mem_total)),
+            mib(s.mem_cache),
             format!("{} / {}", mib(s.disk_used), mib(s.disk_total)),
+            format!("{} / {}", mib(s.net_rx_bytes), mib(s.net_tx_bytes)),
         ]);
     }
     print!("{}", table.render());

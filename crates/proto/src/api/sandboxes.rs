@@ -351,6 +351,12 @@ pub struct SandboxMetric {
     pub mem_cache: u64,
     pub disk_used: u64,
     pub disk_total: u64,
+    /// Warren's own: bytes the sandbox received and sent on its network link since it was started
+    /// or last restored.
+    #[serde(default)]
+    pub net_rx_bytes: u64,
+    #[serde(default)]
+    pub net_tx_bytes: u64,
 }
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest sample of each sandbox that has one.

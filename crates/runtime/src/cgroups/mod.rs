@@ -224,6 +224,15 @@ impl SandboxCgroup {
         }
     }
 
+    /// Page cache charged to the cgroup (file-backed memory the kernel can drop), in bytes.
+    pub fn memory_cache(&self) -> Result<u64, CgroupError> {
+        let (dir, key) = match self.version {
+            CgroupVersion::V1 => (self.controller("memory"), "total_cache"),
+            CgroupVersion::V2 => (self.dirs[0].clone(), "file"),
+        };
+        Ok(keyed_value(&read(&dir.join("memory.stat"))?, key).unwrap_or(0))
+    }
+
     pub fn pids_current(&self) -> Result<u64, CgroupError> {
         read_u64(&self.controller("pids").join("pids.current"))
     }

@@ -673,9 +673,11 @@ fn metric(sample: &MetricSample) -> api::SandboxMetric {
         cpu_used_pct: sample.cpu_pct,
         mem_used: sample.mem_used,
         mem_total: sample.mem_total,
-        mem_cache: 0,
+        mem_cache: sample.mem_cache,
         disk_used: sample.disk_used,
         disk_total: sample.disk_total,
+        net_rx_bytes: sample.net_rx,
+        net_tx_bytes: sample.net_tx,
     }
 }
 

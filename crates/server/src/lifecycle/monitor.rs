@@ -45,6 +45,9 @@ pub fn sample_of(record: &SandboxRecord, stats: &Stats, at: Millis) -> MetricSam
         disk_total: or_record(stats.disk_limit_bytes, record.disk_mib),
         pids: stats.pids,
         oom_kills: stats.oom_kills,
+        mem_cache: stats.memory_cache_bytes,
+        net_rx: stats.net_rx_bytes,
+        net_tx: stats.net_tx_bytes,
     }
 }
 

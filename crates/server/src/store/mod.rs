@@ -251,6 +251,11 @@ pub struct MetricSample {
     pub pids: u64,
     /// The OOM killer's count in the sandbox's cgroup so far.
     pub oom_kills: u64,
+    /// Page cache in its memory.
+    pub mem_cache: u64,
+    /// Bytes received and sent on its link so far (restart at a restore).
+    pub net_rx: u64,
+    pub net_tx: u64,
 }
 
 /// A line of a sandbox's log as its agent recorded it: a line a command printed, or a process

@@ -1185,6 +1185,9 @@ mod tests {
             disk_total: 2048 << 20,
             pids: 4,
             oom_kills: 0,
+            mem_cache: 5 << 20,
+            net_rx: at as u64 * 3,
+            net_tx: at as u64,
         };
         let samples: Vec<_> = (1..=5)
             .flat_map(|s| [sample("a", s * 1000), sample("b", s * 1000 + 500)])

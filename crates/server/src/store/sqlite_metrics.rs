@@ -21,6 +21,9 @@ fn sample_from_row(row: &SqliteRow) -> Result<MetricSample, StoreError> {
         disk_total: count("disk_total")?,
         pids: count("pids")?,
         oom_kills: count("oom_kills")?,
+        mem_cache: count("mem_cache")?,
+        net_rx: count("net_rx")?,
+        net_tx: count("net_tx")?,
     })
 }
 
@@ -33,13 +36,13 @@ pub(super) async fn insert(pool: &SqlitePool, samples: &[MetricSample]) -> Resul
     if samples.is_empty() {
         return Ok(());
     }
-    // Ten binds a row: well under SQLite's 32,766 bound parameters for a few hundred sandboxes;
+    // Thirteen binds a row: well under SQLite's 32,766 bound parameters for a few hundred sandboxes;
     // bigger fleets go in chunks.
     for chunk in samples.chunks(1000) {
         let mut query: QueryBuilder<Sqlite> = QueryBuilder::new(
             "INSERT OR REPLACE INTO sandbox_metrics \
              (sandbox_id, at, cpu_pct, cpu_count, mem_used, mem_total, disk_used, disk_total, pids, \
-             oom_kills) ",
+             oom_kills, mem_cache, net_rx, net_tx) ",
         );
         query.push_values(chunk, |mut row, s| {
             row.push_bind(&s.sandbox_id)
@@ -51,7 +54,10 @@ pub(super) async fn insert(pool: &SqlitePool, samples: &[MetricSample]) -> Resul
                 .push_bind(int(s.disk_used))
                 .push_bind(int(s.disk_total))
                 .push_bind(int(s.pids))
-                .push_bind(int(s.oom_kills));
+                .push_bind(int(s.oom_kills))
+                .push_bind(int(s.mem_cache))
+                .push_bind(int(s.net_rx))
+                .push_bind(int(s.net_tx));
         });
         query.build().execute(pool).await?;
     }

@@ -331,6 +331,9 @@ impl Runtime for FakeRuntime {
             disk_limit_bytes: 2048 << 20,
             pids: 3,
             oom_kills: 0,
+            memory_cache_bytes: 8 << 20,
+            net_rx_bytes: 1500,
+            net_tx_bytes: 700,
         })
     }
 
