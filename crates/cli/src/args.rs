@@ -222,6 +222,9 @@ pub struct UpArgs {
     /// Most log lines kept per sandbox (its oldest go first).
     #[arg(long, env = "WARREN_LOG_LINES_PER_SANDBOX", default_value_t = 100_000)]
     pub log_lines_per_sandbox: u64,
+    /// Seconds a lifecycle event (`GET /events/sandboxes`, the sandbox's log) is kept.
+    #[arg(long, env = "WARREN_EVENT_RETENTION_SECS", default_value_t = 30 * 24 * 3600)]
+    pub event_retention_secs: u64,
     /// A process using at least this percent of one core for --runaway-secs is a runaway: an event
     /// on its sandbox names it (0 turns the policy off).
     #[arg(long, env = "WARREN_RUNAWAY_CPU_PERCENT", default_value_t = 90.0)]

@@ -77,6 +77,8 @@ pub struct MonitorConfig {
     /// How long sandbox log lines are kept (and at most this many per sandbox, newest kept).
     pub log_retention: Duration,
     pub log_lines_per_sandbox: u64,
+    /// How long lifecycle events are kept (their sandbox's log and the events API lose them then).
+    pub event_retention: Duration,
     pub runaway: RunawayPolicy,
     /// An event names a sandbox's largest processes when its memory in use reaches this percent of
     /// its limit (0: never). OOM kills are events whatever this is.
@@ -101,6 +103,7 @@ impl Default for MonitorConfig {
             retention: Duration::from_secs(3600),
             log_retention: Duration::from_secs(7 * 24 * 3600),
             log_lines_per_sandbox: 100_000,
+            event_retention: Duration::from_secs(30 * 24 * 3600),
             runaway: RunawayPolicy::default(),
             memory_alert_percent: 90.0,
             disk_alert_percent: 90.0,

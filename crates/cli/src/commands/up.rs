@@ -121,6 +121,7 @@ fn server_config(
         retention: std::time::Duration::from_secs(args.metrics_retention_secs.max(1)),
         log_retention: std::time::Duration::from_secs(args.log_retention_secs.max(1)),
         log_lines_per_sandbox: args.log_lines_per_sandbox.max(1),
+        event_retention: std::time::Duration::from_secs(args.event_retention_secs.max(1)),
         runaway: warren_server::config::RunawayPolicy {
             cpu_percent: args.runaway_cpu_percent.max(0.0),
             after: std::time::Duration::from_secs(args.runaway_secs),

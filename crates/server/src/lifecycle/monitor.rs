@@ -525,6 +525,9 @@ pub async fn pass(
     store
         .prune_sandbox_logs(now - config.log_retention.as_millis() as Millis)
         .await?;
+    store
+        .prune_sandbox_events(now - config.event_retention.as_millis() as Millis)
+        .await?;
     Ok(report)
 }
 

@@ -625,6 +625,8 @@ pub trait Store: Send + Sync {
     async fn set_webhook_delivered(&self, id: &str, seq: i64) -> Result<(), StoreError>;
     /// The newest event's sequence number (0 with none): a new webhook starts after it.
     async fn latest_event_seq(&self) -> Result<i64, StoreError>;
+    /// Deletes events recorded before `before`; returns how many.
+    async fn prune_sandbox_events(&self, before: Millis) -> Result<u64, StoreError>;
 
     // Metrics history
     async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError>;

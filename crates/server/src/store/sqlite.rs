@@ -483,6 +483,14 @@ impl Store for SqliteStore {
         Ok(seq.unwrap_or(0))
     }
 
+    async fn prune_sandbox_events(&self, before: Millis) -> Result<u64, StoreError> {
+        let done = sqlx::query("DELETE FROM sandbox_events WHERE at < ?")
+            .bind(before)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected())
+    }
+
     async fn insert_metric_samples(&self, samples: &[MetricSample]) -> Result<(), StoreError> {
         sqlite_metrics::insert(&self.pool, samples).await
     }
@@ -1216,6 +1224,34 @@ mod tests {
         );
         assert_eq!(store.prune_metric_samples(3000).await.unwrap(), 4);
         assert_eq!(store.metric_samples("a", 0, 10_000).await.unwrap().len(), 3);
+    }
+
+    #[tokio::test]
+    async fn old_events_are_pruned_and_their_numbers_never_come_back() {
+        let (store, _dir) = store().await;
+        store.insert_sandbox(&sandbox("a", 1000)).await.unwrap();
+        for at in [2000, 3000] {
+            store
+                .note_sandbox_event("a", SandboxState::Creating, "note", at)
+                .await
+                .unwrap();
+        }
+        let seqs = |events: Vec<SandboxEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+        let before = seqs(store.sandbox_events("a").await.unwrap());
+        let newest = store.latest_event_seq().await.unwrap();
+        assert_eq!(before.last(), Some(&newest));
+        let all = before.len() as u64;
+        assert_eq!(store.prune_sandbox_events(10_000).await.unwrap(), all);
+        assert!(store.sandbox_events("a").await.unwrap().is_empty());
+        store
+            .note_sandbox_event("a", SandboxState::Creating, "later", 20_000)
+            .await
+            .unwrap();
+        let after = seqs(store.sandbox_events("a").await.unwrap());
+        assert!(
+            after[0] > newest,
+            "a deleted number was handed out again: {after:?}"
+        );
     }
 
     #[tokio::test]
