@@ -398,3 +398,98 @@ async fn a_restart_fails_builds_left_unfinished_with_a_reason() {
         .expect("the template is still listed");
     assert_eq!(entry["buildStatus"], json!("error"));
 }
+
+#[tokio::test]
+async fn a_templates_policies_are_where_its_sandboxes_start_and_their_own_go_over_them() {
+    let h = Harness::start(false, |_| {}).await;
+    let patch = |body: serde_json::Value| h.api(Method::PATCH, "/templates/base", Some(body));
+    let set = patch(json!({"policies": {
+        "idleTimeoutSecs": 600,
+        "runaway": {"cpuPercent": 50, "seconds": 10},
+        "reapOrphansEverySecs": 60
+    }}))
+    .await;
+    assert_eq!(set.status, StatusCode::OK, "{:?}", set.json());
+    let shown = h.api(Method::GET, "/templates/base", None).await.json();
+    assert_eq!(shown["templateID"], "base");
+    assert_eq!(shown["policies"]["idleTimeoutSecs"], 600, "{shown}");
+
+    let inherited = h.create(json!({"templateID": "base"})).await;
+    let id = inherited["sandboxID"].as_str().unwrap();
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{id}"), None)
+        .await
+        .json();
+    assert_eq!(
+        detail["policies"],
+        json!({"idleTimeoutSecs": 600, "runaway": {"cpuPercent": 50.0, "seconds": 10}, "reapOrphansEverySecs": 60})
+    );
+    let own = h
+        .create(json!({"templateID": "base", "policies": {"runaway": {"kill": true}, "idleTimeoutSecs": 0}}))
+        .await;
+    let id = own["sandboxID"].as_str().unwrap();
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{id}"), None)
+        .await
+        .json();
+    assert_eq!(
+        detail["policies"],
+        json!({
+            "idleTimeoutSecs": 0,
+            "runaway": {"cpuPercent": 50.0, "seconds": 10, "kill": true},
+            "reapOrphansEverySecs": 60
+        })
+    );
+
+    // The SDK's v2 update: public, answered with the template's names; policies are kept.
+    let public = h
+        .api(
+            Method::PATCH,
+            "/v2/templates/base",
+            Some(json!({"public": false})),
+        )
+        .await;
+    assert_eq!(public.status, StatusCode::OK, "{:?}", public.json());
+    assert_eq!(public.json(), json!({"names": ["base"]}));
+    let shown = h.api(Method::GET, "/templates/base", None).await.json();
+    assert_eq!(
+        (
+            shown["public"].clone(),
+            shown["policies"]["idleTimeoutSecs"].clone()
+        ),
+        (json!(false), json!(600))
+    );
+
+    for (body, named) in [
+        (
+            json!({"policies": {"memoryAlertPercent": 101}}),
+            "memoryAlertPercent",
+        ),
+        (
+            json!({"policies": {"idleTimeoutSecs": -1}}),
+            "idleTimeoutSecs",
+        ),
+        (json!({"colour": "red"}), "colour"),
+    ] {
+        let refused = patch(body).await;
+        assert_error(&refused, StatusCode::BAD_REQUEST, named);
+    }
+    let missing = h
+        .api(
+            Method::PATCH,
+            "/templates/wtnosuchtemplate",
+            Some(json!({"public": true})),
+        )
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    // Clearing them: new sandboxes start with none.
+    let cleared = patch(json!({"policies": {}})).await;
+    assert_eq!(cleared.status, StatusCode::OK);
+    let plain = h.create(json!({"templateID": "base"})).await;
+    let id = plain["sandboxID"].as_str().unwrap();
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{id}"), None)
+        .await
+        .json();
+    assert!(detail.get("policies").is_none(), "{detail}");
+}

@@ -281,6 +281,10 @@ pub struct SandboxDetail {
     /// The sandbox's egress rules and public-traffic setting, as they are enforced now.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<SandboxNetwork>,
+    /// Warren's own: the monitor policies it was given (its template's with its own over them);
+    /// the server's defaults apply to what is not set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<SandboxPolicies>,
 }
 
 /// One item of `GET /sandboxes` and `GET /v2/sandboxes`.

@@ -42,6 +42,31 @@ pub struct Template {
     pub build_count: u64,
     pub envd_version: String,
     pub build_status: TemplateBuildStatus,
+    /// Warren's own: the monitor policies its sandboxes start with (absent when none are set).
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub policies: super::SandboxPolicies,
+}
+
+fn is_default<T: Default + PartialEq>(value: &T) -> bool {
+    *value == T::default()
+}
+
+/// Body of `PATCH /templates/{id}` and `/v2/templates/{id}`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TemplateUpdateRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public: Option<bool>,
+    /// Warren's own: the monitor policies the template's sandboxes start with (replaces the old
+    /// ones; `{}` clears them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policies: Option<super::SandboxPolicies>,
+}
+
+/// Answer of `PATCH /v2/templates/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplateUpdateResponse {
+    pub names: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

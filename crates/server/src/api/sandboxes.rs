@@ -119,6 +119,8 @@ fn detail(state: &AppState, record: &SandboxRecord) -> api::SandboxDetail {
         }),
         pause_mode: (record.state == SandboxState::Paused).then_some(api::PauseMode::Full),
         network: Some(network_detail(record)),
+        policies: (record.policies != api::SandboxPolicies::default())
+            .then(|| record.policies.clone()),
     }
 }
 
@@ -219,7 +221,9 @@ fn create_request(
 }
 
 /// The create body's `policies`, refused by name when out of range.
-fn checked_policies(policies: api::SandboxPolicies) -> Result<api::SandboxPolicies, ApiError> {
+pub(super) fn checked_policies(
+    policies: api::SandboxPolicies,
+) -> Result<api::SandboxPolicies, ApiError> {
     for (name, value) in [
         ("memoryAlertPercent", policies.memory_alert_percent),
         ("diskAlertPercent", policies.disk_alert_percent),

@@ -23,7 +23,11 @@ const MAX_UPLOAD_BYTES: usize = 1 << 30;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/templates", get(list).post(request_dockerfile_build))
-        .route("/templates/{id}", get(get_one).delete(delete))
+        .route(
+            "/templates/{id}",
+            get(get_one).delete(delete).patch(update_v1),
+        )
+        .route("/v2/templates/{id}", axum::routing::patch(update_v2))
         .route("/templates/aliases/{alias}", get(alias))
         .route("/templates/tags", post(assign_tags).delete(remove_tags))
         .route("/templates/{id}/tags", get(list_tags))
@@ -120,7 +124,54 @@ fn template(record: &TemplateRecord) -> api::Template {
         build_count: 1,
         envd_version: record.envd_version.clone(),
         build_status: status(record),
+        policies: record.policies.clone(),
     }
+}
+
+/// `PATCH /templates/{id}`, `PATCH /v2/templates/{id}`: make the team's template public or not,
+/// and (Warren's own) set the monitor policies its new sandboxes start with.
+async fn update(
+    state: &AppState,
+    key: &Authenticated,
+    id: &str,
+    body: api::TemplateUpdateRequest,
+) -> Result<TemplateRecord, ApiError> {
+    let record = key.owned_template(state, id).await?;
+    let policies = body
+        .policies
+        .map(super::sandboxes::checked_policies)
+        .transpose()?;
+    let now = crate::lifecycle::now_millis();
+    let store = state.lifecycle.store();
+    if !store
+        .update_template_settings(&record.id, body.public, policies.as_ref(), now)
+        .await?
+    {
+        return Err(ApiError::not_found(format!("template '{id}' not found")));
+    }
+    Ok(record)
+}
+
+async fn update_v1(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<api::TemplateUpdateRequest>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    update(&state, &key, &id, body).await?;
+    Ok(Json(serde_json::json!({})))
+}
+
+async fn update_v2(
+    State(state): State<AppState>,
+    key: Authenticated,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<api::TemplateUpdateRequest>,
+) -> Result<Json<api::TemplateUpdateResponse>, ApiError> {
+    let record = update(&state, &key, &id, body).await?;
+    Ok(Json(api::TemplateUpdateResponse {
+        names: record.aliases,
+    }))
 }
 
 async fn list(

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use tokio::sync::watch;
+use warren_proto::api::{RunawayPolicyOverride, SandboxPolicies};
 use warren_runtime::{ProcessInfo, Stats};
 
 use super::state::SandboxState;
@@ -48,6 +49,26 @@ pub fn sample_of(record: &SandboxRecord, stats: &Stats, at: Millis) -> MetricSam
         mem_cache: stats.memory_cache_bytes,
         net_rx: stats.net_rx_bytes,
         net_tx: stats.net_tx_bytes,
+    }
+}
+
+/// A sandbox's policies: its template's (`base`) with every field the sandbox gave over them.
+pub fn merge_policies(base: &SandboxPolicies, own: SandboxPolicies) -> SandboxPolicies {
+    let runaway = match (base.runaway.clone(), own.runaway) {
+        (Some(base), Some(own)) => Some(RunawayPolicyOverride {
+            cpu_percent: own.cpu_percent.or(base.cpu_percent),
+            seconds: own.seconds.or(base.seconds),
+            kill: own.kill.or(base.kill),
+        }),
+        (base, own) => own.or(base),
+    };
+    SandboxPolicies {
+        runaway,
+        memory_alert_percent: own.memory_alert_percent.or(base.memory_alert_percent),
+        disk_alert_percent: own.disk_alert_percent.or(base.disk_alert_percent),
+        idle_timeout_secs: own.idle_timeout_secs.or(base.idle_timeout_secs),
+        reap_orphans_on_resume: own.reap_orphans_on_resume.or(base.reap_orphans_on_resume),
+        reap_orphans_every_secs: own.reap_orphans_every_secs.or(base.reap_orphans_every_secs),
     }
 }
 
@@ -566,6 +587,53 @@ mod tests {
             after: Duration::from_secs(10),
             kill: false,
         }
+    }
+
+    #[test]
+    fn a_sandboxs_own_policy_fields_go_over_its_templates() {
+        let template = SandboxPolicies {
+            runaway: Some(RunawayPolicyOverride {
+                cpu_percent: Some(50.0),
+                seconds: Some(10),
+                kill: Some(true),
+            }),
+            idle_timeout_secs: Some(600),
+            reap_orphans_every_secs: Some(60),
+            ..SandboxPolicies::default()
+        };
+        let own = SandboxPolicies {
+            runaway: Some(RunawayPolicyOverride {
+                kill: Some(false),
+                ..RunawayPolicyOverride::default()
+            }),
+            idle_timeout_secs: Some(0),
+            memory_alert_percent: Some(75.0),
+            ..SandboxPolicies::default()
+        };
+        let merged = merge_policies(&template, own);
+        assert_eq!(
+            merged.runaway,
+            Some(RunawayPolicyOverride {
+                cpu_percent: Some(50.0),
+                seconds: Some(10),
+                kill: Some(false),
+            })
+        );
+        assert_eq!(
+            merged.idle_timeout_secs,
+            Some(0),
+            "the sandbox turned it off"
+        );
+        assert_eq!(merged.memory_alert_percent, Some(75.0));
+        assert_eq!(merged.reap_orphans_every_secs, Some(60));
+        assert_eq!(
+            merge_policies(&SandboxPolicies::default(), template.clone()),
+            template
+        );
+        assert_eq!(
+            merge_policies(&template, SandboxPolicies::default()),
+            template
+        );
     }
 
     #[test]

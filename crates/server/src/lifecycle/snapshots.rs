@@ -164,6 +164,7 @@ impl Lifecycle {
                 counts_as_template_spawn: false,
                 cold_start: None,
                 privileges: Default::default(),
+                policies: source.policies.clone(),
             },
             Err(error) => {
                 remove_snapshot(&dir).await;

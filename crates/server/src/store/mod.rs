@@ -103,6 +103,8 @@ pub struct TemplateRecord {
     pub last_spawned_at: Option<Millis>,
     pub created_at: Millis,
     pub updated_at: Millis,
+    /// Monitor policies its sandboxes start with (their own create-time fields go over them).
+    pub policies: warren_proto::api::SandboxPolicies,
 }
 
 /// How a paused sandbox was paused.
@@ -482,7 +484,17 @@ pub trait Store: Send + Sync {
     async fn list_teams(&self) -> Result<Vec<TeamRecord>, StoreError>;
 
     // Templates
+    /// Inserts a template, or updates an existing one's build fields (its `policies` are kept: only
+    /// [`Store::update_template_settings`] changes them).
     async fn upsert_template(&self, template: &TemplateRecord) -> Result<(), StoreError>;
+    /// Changes what is given of a template's `public` flag and policies; false when no such template.
+    async fn update_template_settings(
+        &self,
+        id: &str,
+        public: Option<bool>,
+        policies: Option<&warren_proto::api::SandboxPolicies>,
+        now: Millis,
+    ) -> Result<bool, StoreError>;
     /// By id or alias.
     async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError>;
     async fn list_templates(&self) -> Result<Vec<TemplateRecord>, StoreError>;

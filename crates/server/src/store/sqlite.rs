@@ -207,6 +207,8 @@ fn template_from_row(row: &SqliteRow) -> Result<TemplateRecord, StoreError> {
         last_spawned_at: row.try_get("last_spawned_at")?,
         created_at: row.try_get("created_at")?,
         updated_at: row.try_get("updated_at")?,
+        policies: serde_json::from_str(&row.try_get::<String, _>("policies")?)
+            .map_err(|e| corrupt("template policies", &id, e))?,
         id,
     })
 }
@@ -622,8 +624,9 @@ impl Store for SqliteStore {
     async fn upsert_template(&self, t: &TemplateRecord) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO templates (id, aliases, layers, build_id, status, vcpus, memory_mib, disk_mib, \
-             envd_version, public, spawn_count, last_spawned_at, created_at, updated_at, team_id) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
+             envd_version, public, spawn_count, last_spawned_at, created_at, updated_at, team_id, \
+             policies) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (id) DO UPDATE SET aliases = excluded.aliases, layers = excluded.layers, \
              build_id = excluded.build_id, status = excluded.status, vcpus = excluded.vcpus, \
              memory_mib = excluded.memory_mib, disk_mib = excluded.disk_mib, \
@@ -644,9 +647,30 @@ impl Store for SqliteStore {
         .bind(t.created_at)
         .bind(t.updated_at)
         .bind(&t.team_id)
+        .bind(to_json(&t.policies))
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    async fn update_template_settings(
+        &self,
+        id: &str,
+        public: Option<bool>,
+        policies: Option<&warren_proto::api::SandboxPolicies>,
+        now: Millis,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE templates SET public = COALESCE(?, public), policies = COALESCE(?, policies), \
+             updated_at = ? WHERE id = ?",
+        )
+        .bind(public)
+        .bind(policies.map(to_json))
+        .bind(now)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() > 0)
     }
 
     async fn get_template(&self, id_or_alias: &str) -> Result<Option<TemplateRecord>, StoreError> {
@@ -1472,13 +1496,38 @@ mod tests {
             last_spawned_at: None,
             created_at: 1,
             updated_at: 1,
+            policies: Default::default(),
         };
         store.upsert_template(&template).await.unwrap();
         assert_eq!(
             store.get_template("python").await.unwrap(),
             Some(template.clone())
         );
-        assert_eq!(store.get_template("tpl1").await.unwrap(), Some(template));
+        assert_eq!(
+            store.get_template("tpl1").await.unwrap(),
+            Some(template.clone())
+        );
         assert_eq!(store.get_template("nope").await.unwrap(), None);
+
+        // Settings change what is given; a rebuild (an upsert) keeps the policies.
+        let policies = warren_proto::api::SandboxPolicies {
+            idle_timeout_secs: Some(30),
+            ..Default::default()
+        };
+        let set = store.update_template_settings("tpl1", None, Some(&policies), 5);
+        assert!(set.await.unwrap());
+        let public = store.update_template_settings("tpl1", Some(true), None, 6);
+        assert!(public.await.unwrap());
+        let missing = store.update_template_settings("nope", Some(true), None, 6);
+        assert!(!missing.await.unwrap());
+        store
+            .upsert_template(&TemplateRecord {
+                build_id: "b2".to_string(),
+                ..template
+            })
+            .await
+            .unwrap();
+        let now = store.get_template("tpl1").await.unwrap().unwrap();
+        assert_eq!((now.policies, now.build_id.as_str()), (policies, "b2"));
     }
 }

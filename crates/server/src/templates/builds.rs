@@ -234,6 +234,7 @@ impl TemplateBuilds {
                         last_spawned_at: None,
                         created_at: now,
                         updated_at: now,
+                        policies: Default::default(),
                     })
                     .await?;
                 (id, aliases)
@@ -638,6 +639,9 @@ impl TemplateBuilds {
             last_spawned_at: existing.as_ref().and_then(|t| t.last_spawned_at),
             created_at: existing.as_ref().map_or(now, |t| t.created_at),
             updated_at: now,
+            policies: existing
+                .as_ref()
+                .map_or_else(Default::default, |t| t.policies.clone()),
         };
         self.store.upsert_template(&record).await?;
         match cached {

@@ -43,6 +43,9 @@ pub async fn ensure_base_template(
         last_spawned_at: existing.as_ref().and_then(|t| t.last_spawned_at),
         created_at: existing.as_ref().map_or(now, |t| t.created_at),
         updated_at: now,
+        policies: existing
+            .as_ref()
+            .map_or_else(Default::default, |t| t.policies.clone()),
     };
     store.upsert_template(&template).await?;
     if !base_rootfs.is_dir() {

@@ -63,6 +63,8 @@ pub(crate) struct StartSource {
     /// What a fresh start grants beyond the default set (the template build's); a restored checkpoint
     /// carries its own capabilities and seccomp filter.
     pub privileges: TemplatePrivileges,
+    /// The template's monitor policies, which the sandbox's own go over.
+    pub policies: warren_proto::api::SandboxPolicies,
 }
 
 /// How a sandbox of a built template begins.
@@ -126,7 +128,7 @@ impl Lifecycle {
             envd_access_token: request.secure.then(new_access_token),
             traffic_access_token: request.private_traffic.then(new_access_token),
             egress: request.egress,
-            policies: request.policies,
+            policies: crate::lifecycle::monitor::merge_policies(&source.policies, request.policies),
             ip: None,
             init_pid: None,
             pause_kind: None,
@@ -297,6 +299,7 @@ impl Lifecycle {
                     counts_as_template_spawn: true,
                     cold_start: start.cold_start,
                     privileges: start.privileges,
+                    policies: template.policies.clone(),
                 })
             }
             Err(LifecycleError::TemplateNotFound(name)) => {
@@ -316,6 +319,7 @@ impl Lifecycle {
                     counts_as_template_spawn: false,
                     cold_start: None,
                     privileges: TemplatePrivileges::default(),
+                    policies: Default::default(),
                 })
             }
             Err(other) => Err(other),
