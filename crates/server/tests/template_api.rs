@@ -399,6 +399,15 @@ async fn a_restart_fails_builds_left_unfinished_with_a_reason() {
     assert_eq!(entry["buildStatus"], json!("error"));
 }
 
+/// The `policies` of a sandbox's detail (`null` when it has none).
+async fn policies_of(h: &Harness, id: &str) -> serde_json::Value {
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{id}"), None)
+        .await
+        .json();
+    detail["policies"].clone()
+}
+
 #[tokio::test]
 async fn a_templates_policies_are_where_its_sandboxes_start_and_their_own_go_over_them() {
     let h = Harness::start(false, |_| {}).await;
@@ -416,24 +425,16 @@ async fn a_templates_policies_are_where_its_sandboxes_start_and_their_own_go_ove
 
     let inherited = h.create(json!({"templateID": "base"})).await;
     let id = inherited["sandboxID"].as_str().unwrap();
-    let detail = h
-        .api(Method::GET, &format!("/sandboxes/{id}"), None)
-        .await
-        .json();
     assert_eq!(
-        detail["policies"],
+        policies_of(&h, id).await,
         json!({"idleTimeoutSecs": 600, "runaway": {"cpuPercent": 50.0, "seconds": 10}, "reapOrphansEverySecs": 60})
     );
     let own = h
         .create(json!({"templateID": "base", "policies": {"runaway": {"kill": true}, "idleTimeoutSecs": 0}}))
         .await;
     let id = own["sandboxID"].as_str().unwrap();
-    let detail = h
-        .api(Method::GET, &format!("/sandboxes/{id}"), None)
-        .await
-        .json();
     assert_eq!(
-        detail["policies"],
+        policies_of(&h, id).await,
         json!({
             "idleTimeoutSecs": 0,
             "runaway": {"cpuPercent": 50.0, "seconds": 10, "kill": true},
@@ -487,9 +488,5 @@ async fn a_templates_policies_are_where_its_sandboxes_start_and_their_own_go_ove
     assert_eq!(cleared.status, StatusCode::OK);
     let plain = h.create(json!({"templateID": "base"})).await;
     let id = plain["sandboxID"].as_str().unwrap();
-    let detail = h
-        .api(Method::GET, &format!("/sandboxes/{id}"), None)
-        .await
-        .json();
-    assert!(detail.get("policies").is_none(), "{detail}");
+    assert_eq!(policies_of(&h, id).await, serde_json::Value::Null);
 }

@@ -685,14 +685,24 @@ fn metric(sample: &MetricSample) -> api::SandboxMetric {
     }
 }
 
-/// A `start`/`end` query value: unix seconds.
-fn unix_seconds(query: &QueryPairs, name: &str) -> Result<Option<i64>, ApiError> {
+/// A time in the query string (absent or empty: `None`); `unit` names it in the refusal.
+fn unix_time(query: &QueryPairs, name: &str, unit: &str) -> Result<Option<i64>, ApiError> {
     match query.get(name) {
         None | Some("") => Ok(None),
         Some(text) => text.parse::<i64>().map(Some).map_err(|_| {
-            ApiError::bad_request(format!("{name} must be unix seconds, got {text:?}"))
+            ApiError::bad_request(format!("{name} must be unix {unit}, got {text:?}"))
         }),
     }
+}
+
+/// A `start`/`end` query value: unix seconds.
+fn unix_seconds(query: &QueryPairs, name: &str) -> Result<Option<i64>, ApiError> {
+    unix_time(query, name, "seconds")
+}
+
+/// A log cursor: unix milliseconds.
+fn unix_millis(query: &QueryPairs, name: &str) -> Result<Option<Millis>, ApiError> {
+    unix_time(query, name, "milliseconds")
 }
 
 /// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds, both optional): the samples the monitor
@@ -917,15 +927,6 @@ fn log_limit(query: &QueryPairs) -> Result<usize, ApiError> {
                 "limit must be a whole number from 0 to {MAX_LOG_LIMIT}, got {text:?}"
             ))),
         },
-    }
-}
-
-fn unix_millis(query: &QueryPairs, name: &str) -> Result<Option<Millis>, ApiError> {
-    match query.get(name) {
-        None | Some("") => Ok(None),
-        Some(text) => text.parse::<Millis>().map(Some).map_err(|_| {
-            ApiError::bad_request(format!("{name} must be unix milliseconds, got {text:?}"))
-        }),
     }
 }
 
