@@ -6,6 +6,7 @@ skipped and one `SKIP: <reason>` line is printed at the end of the run.
 """
 
 import os
+import sys
 import signal
 import socket
 import subprocess
@@ -182,7 +183,7 @@ def _parse_exports(lines) -> dict:
 
 
 @pytest.fixture(scope="session")
-def warren():
+def warren(request):
     reason = missing_prerequisite()
     if reason:
         pytest.skip(reason)
@@ -270,7 +271,11 @@ def warren():
         subprocess.run(["rm", "-rf", "--one-file-system", state_dir], check=False)
         subprocess.run(["rm", "-rf", pki_dir], check=False)
         log_file.close()
-        os.unlink(log_file.name)
+        if request.session.testsfailed:
+            # What the server saw is the first thing a failure needs; keep it past the run.
+            sys.__stderr__.write(f"\nwarren server log kept at {log_file.name}\n")
+        else:
+            os.unlink(log_file.name)
 
 
 # `warren up` builds its code-interpreter template at start when that rootfs exists
