@@ -3,8 +3,10 @@
 # Builds the root filesystem of the built-in `code-interpreter` template once, into
 # $WARREN_CACHE/rootfs/debian12-code-interpreter: the Debian 12 base (same packages, user and sudo rule as
 # 40-rootfs.sh) plus Python's Jupyter kernel and the data-science stack from Debian's own packages
-# (ipykernel 6.17, jupyter-client 7.4, numpy 1.24, pandas 1.5, matplotlib 3.6), and the Bash kernel
-# (`bash_kernel` from PyPI, pinned; its dependencies from Debian). Template builds on this
+# (ipykernel 6.17, jupyter-client 7.4, numpy 1.24, pandas 1.5, matplotlib 3.6), the Bash kernel
+# (`bash_kernel` from PyPI, pinned; its dependencies from Debian), the R kernel (Debian's
+# r-cran-irkernel, which installs its kernelspec) and Node.js (Debian's nodejs, for Warren's own
+# JavaScript kernel, which the template's steps add). Template builds on this
 # host run offline (build sandboxes have no internet in private network namespaces), so the packages are
 # installed here, on the host side, and the server's template builder only adds the interpreter server
 # on top. Like the base: built in a temp dir, stamped, renamed into place when complete.
@@ -13,7 +15,7 @@ cache=${WARREN_CACHE:-/var/cache/warren}
 dest="$cache/rootfs/debian12-code-interpreter"
 stamp=".warren-complete"
 # Written into the stamp: a rootfs of an older version (other packages) is rebuilt.
-version="2: python + bash kernels"
+version="3: python, bash, r kernels + nodejs"
 mirror=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 
 if [ -f "$dest/$stamp" ] && [ "$(cat "$dest/$stamp")" = "$version" ]; then
@@ -39,6 +41,8 @@ base=python3,python-is-python3,bash,coreutils,procps,iproute2,curl,git,ca-certif
 # python3-pip and python3-venv let users `pip install` more inside a sandbox (the PEP 668 marker is
 # removed below, as in E2B's image); fonts-dejavu-core gives matplotlib its default font.
 kernel=python3-ipykernel,python3-jupyter-client,python3-numpy,python3-pandas,python3-matplotlib,python3-pil,python3-pip,python3-venv,fonts-dejavu-core,python3-pexpect,python3-filetype
+# The R kernel and its data frames' HTML; Node.js for JavaScript cells.
+kernel="$kernel,r-cran-irkernel,nodejs"
 mmdebstrap --variant=minbase --mode=root --include="$base,$kernel" \
     --customize-hook='chroot "$1" groupadd --gid 1000 user' \
     --customize-hook='chroot "$1" useradd --uid 1000 --gid 1000 --create-home --home-dir /home/user --shell /bin/bash user' \

@@ -244,10 +244,50 @@ def test_contexts_have_their_own_state_cwd_and_restart(sandbox):
 def test_a_language_without_a_kernel_is_refused_by_name(sandbox):
     from e2b import SandboxException
 
-    with pytest.raises(SandboxException, match="language 'r' has no kernel"):
-        sandbox.run_code("1 + 1", language="r")
+    with pytest.raises(SandboxException, match="language 'typescript' has no kernel"):
+        sandbox.run_code("1 + 1", language="typescript")
     with pytest.raises(SandboxException, match="language 'cobol' has no kernel"):
         sandbox.create_code_context(language="cobol")
+
+
+def test_javascript_cells_keep_state_print_in_order_and_are_interrupted(sandbox):
+    first = sandbox.run_code("const xs = [3, 1, 2]; console.log('sorted', [...xs].sort()); xs.length", language="js")
+    assert first.error is None, first.error
+    assert first.logs.stdout == ["sorted [ 1, 2, 3 ]\n"]
+    assert first.text == "3"
+    # The same default context answers `javascript` and `js`; state stays, promises are awaited.
+    second = sandbox.run_code("new Promise((ok) => setTimeout(ok, 20, xs.reduce((a, b) => a + b)))", language="javascript")
+    assert second.error is None and second.text == "6", second
+    failed = sandbox.run_code("null.field", language="js")
+    assert failed.error is not None and failed.error.name == "TypeError", failed
+    assert any("<cell" in line for line in failed.error.traceback.splitlines()), failed.error.traceback
+    # A cell that never ends is broken by the timeout; the context keeps its state.
+    from e2b import TimeoutException
+
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("while (true) {}", language="js", timeout=3)
+    after = sandbox.run_code("xs.join('-')", language="js")
+    assert after.error is None and after.text == "3-1-2", after
+    env = sandbox.run_code("process.env.WT_JS", language="js", envs={"WT_JS": "per-call"})
+    assert env.text == "per-call", env
+    assert sandbox.run_code("process.env.WT_JS === undefined", language="js").text == "true"
+    ctx = sandbox.create_code_context(language="js", cwd="/tmp")
+    assert sandbox.run_code("process.cwd()", context=ctx).text == "/tmp"
+
+
+def test_r_cells_keep_state_and_return_rich_results(sandbox):
+    first = sandbox.run_code("x <- c(4, 5, 6)\ncat('mean', mean(x), '\\n')\nsum(x)", language="r")
+    assert first.error is None, first.error
+    assert first.logs.stdout == ["mean 5 \n"], first.logs
+    assert first.text == "[1] 15", first
+    frame = sandbox.run_code("data.frame(a = x, b = x * 2)", language="r")
+    assert frame.error is None, frame.error
+    assert frame.html and "<table" in frame.html, frame
+    failed = sandbox.run_code("stop('wt-r-failure')", language="r")
+    assert failed.error is not None and "wt-r-failure" in failed.error.value, failed
+    env = sandbox.run_code("Sys.getenv('WT_R')", language="r", envs={"WT_R": "per-call"})
+    assert "per-call" in env.text, env
+    assert sandbox.run_code("Sys.getenv('WT_R', unset = 'gone')", language="r").text.strip() == '[1] "gone"'
 
 
 def test_bash_cells_keep_shell_state_and_survive_pause(interpreter):

@@ -54,9 +54,17 @@ try {
   step('assert.equal((await sbx.runCod')
   assert.equal((await sbx.runCode('x')).text, '20')
 
+  step('const js = await sbx.runCode')
+  // A JavaScript cell from the JS SDK, with its state kept for the next one.
+  const js = await sbx.runCode('const answer = 6 * 7; console.log("js says", answer); answer', { language: 'js' })
+  assert.equal(js.error, undefined)
+  assert.deepEqual(js.logs.stdout, ['js says 42\n'])
+  assert.equal(js.text, '42')
+  assert.equal((await sbx.runCode('answer + 1', { language: 'javascript' })).text, '43')
+
   step('// The JS SDK reports')
   // The JS SDK reports only the status of a refused request (the body naming the language is dropped).
-  await assert.rejects(() => sbx.runCode('1', { language: 'r' }), /400/)
+  await assert.rejects(() => sbx.runCode('1', { language: 'typescript' }), /400/)
   console.log('all checks passed')
 } finally {
   await sbx.kill()

@@ -41,6 +41,18 @@ const CONTEXT_FILES: &[(&str, &str)] = &[
         "ipython_kernel_config.py",
         include_str!("template/ipython_kernel_config.py"),
     ),
+    (
+        "javascript_kernel.py",
+        include_str!("template/javascript_kernel.py"),
+    ),
+    (
+        "javascript_harness.js",
+        include_str!("template/javascript_harness.js"),
+    ),
+    (
+        "javascript_kernel.json",
+        include_str!("template/javascript_kernel.json"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -31,6 +31,7 @@ import os
 import queue
 import re
 import shlex
+import shutil
 import sys
 import threading
 import time
@@ -50,8 +51,18 @@ SOCKET_DIR = "/tmp/warren-interpreter"
 
 # Languages a context can have, with their Jupyter kernel name. Only kernels installed in this template
 # are offered (see installed_kernels): anything else is refused with 400 naming the language.
-KNOWN_KERNELS = {"python": "python3", "bash": "bash"}
-LANGUAGE_ALIASES = {"python3": "python", "py": "python", "sh": "bash", "shell": "bash"}
+KNOWN_KERNELS = {"python": "python3", "bash": "bash", "javascript": "javascript", "r": "ir"}
+LANGUAGE_ALIASES = {
+    "python3": "python",
+    "py": "python",
+    "sh": "bash",
+    "shell": "bash",
+    "js": "javascript",
+    "node": "javascript",
+    "nodejs": "javascript",
+}
+# What a kernel runs besides its kernelspec: a spec whose program is missing is not offered.
+KERNEL_PROGRAMS = {"javascript": "node", "r": "R"}
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -59,7 +70,11 @@ def installed_kernels():
     from jupyter_client.kernelspec import KernelSpecManager
 
     specs = KernelSpecManager().find_kernel_specs()
-    return {language: kernel for language, kernel in KNOWN_KERNELS.items() if kernel in specs}
+    return {
+        language: kernel
+        for language, kernel in KNOWN_KERNELS.items()
+        if kernel in specs and shutil.which(KERNEL_PROGRAMS.get(language, "sh"))
+    }
 
 
 KERNELS = installed_kernels()
@@ -208,7 +223,79 @@ class BashDialect:
         return f"cd {shlex.quote(path)}"
 
 
-DIALECTS = {"python": PythonDialect, "bash": BashDialect}
+class JavaScriptDialect:
+    """Bookkeeping code for Warren's JavaScript kernel (one Node.js process)."""
+
+    @staticmethod
+    def check_env_names(names):
+        return None
+
+    @staticmethod
+    def set_env(assign):
+        return f"Object.assign(process.env, {json.dumps(assign)});"
+
+    @staticmethod
+    def begin_scoped_env(assign):
+        return (
+            f"globalThis.__warren_saved_env = Object.fromEntries({json.dumps(sorted(assign))}"
+            ".map((k) => [k, process.env[k]]));"
+            f"Object.assign(process.env, {json.dumps(assign)});"
+        )
+
+    @staticmethod
+    def end_scoped_env(assign):
+        return (
+            "for (const [k, v] of Object.entries(globalThis.__warren_saved_env)) {"
+            " if (v === undefined) delete process.env[k]; else process.env[k] = v; }"
+            "delete globalThis.__warren_saved_env;"
+        )
+
+    @staticmethod
+    def chdir(path):
+        return f"process.chdir({json.dumps(path)});"
+
+
+def r_string(text):
+    """`text` as an R string literal (R reads JSON's escapes, \\uXXXX included)."""
+    return json.dumps(text)
+
+
+class RDialect:
+    """Bookkeeping code for an R kernel (IRkernel)."""
+
+    @staticmethod
+    def check_env_names(names):
+        bad = [n for n in names if "`" in n or "\\" in n or not n]
+        return f"env var names {bad} cannot be set from R" if bad else None
+
+    @staticmethod
+    def set_env(assign):
+        pairs = ", ".join(f"`{k}` = {r_string(v)}" for k, v in assign.items())
+        return f"invisible(Sys.setenv({pairs}))"
+
+    @staticmethod
+    def begin_scoped_env(assign):
+        names = ", ".join(r_string(k) for k in sorted(assign))
+        return (
+            f".warren_saved_env <- Sys.getenv(c({names}), unset = NA)\n"
+            + RDialect.set_env(assign)
+        )
+
+    @staticmethod
+    def end_scoped_env(assign):
+        return (
+            "for (.warren_k in names(.warren_saved_env)) {"
+            " if (is.na(.warren_saved_env[[.warren_k]])) Sys.unsetenv(.warren_k)"
+            " else do.call(Sys.setenv, setNames(list(.warren_saved_env[[.warren_k]]), .warren_k)) }\n"
+            "rm(.warren_saved_env, .warren_k)"
+        )
+
+    @staticmethod
+    def chdir(path):
+        return f"setwd({r_string(path)})"
+
+
+DIALECTS = {"python": PythonDialect, "bash": BashDialect, "javascript": JavaScriptDialect, "r": RDialect}
 
 
 class ClientGone(Exception):
