@@ -282,7 +282,8 @@ def test_r_cells_keep_state_and_return_rich_results(sandbox):
     assert first.text == "[1] 15", first
     frame = sandbox.run_code("data.frame(a = x, b = x * 2)", language="r")
     assert frame.error is None, frame.error
-    assert frame.html and "<table" in frame.html, frame
+    html = frame.results[0].html
+    assert html and "<table" in html, frame.results
     failed = sandbox.run_code("stop('wt-r-failure')", language="r")
     assert failed.error is not None and "wt-r-failure" in failed.error.value, failed
     env = sandbox.run_code("Sys.getenv('WT_R')", language="r", envs={"WT_R": "per-call"})

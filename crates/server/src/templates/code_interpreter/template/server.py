@@ -157,6 +157,8 @@ def result_line(content, is_main_result):
 class PythonDialect:
     """Bookkeeping code for a Python kernel: environment variables and the working directory."""
 
+    DISPLAY_IS_MAIN_RESULT = False
+
     @staticmethod
     def check_env_names(names):
         return None
@@ -194,6 +196,8 @@ class PythonDialect:
 class BashDialect:
     """Bookkeeping code for a Bash kernel (a bash process behind bash_kernel)."""
 
+    DISPLAY_IS_MAIN_RESULT = False
+
     @staticmethod
     def check_env_names(names):
         bad = [n for n in names if not SHELL_NAME.match(n)]
@@ -225,6 +229,8 @@ class BashDialect:
 
 class JavaScriptDialect:
     """Bookkeeping code for Warren's JavaScript kernel (one Node.js process)."""
+
+    DISPLAY_IS_MAIN_RESULT = False
 
     @staticmethod
     def check_env_names(names):
@@ -263,6 +269,10 @@ def r_string(text):
 class RDialect:
     """Bookkeeping code for an R kernel (IRkernel)."""
 
+    # IRkernel shows the value of a cell's visible expressions as display_data, never as
+    # execute_result: those are the cell's result (`Execution.text`), as a notebook shows them.
+    DISPLAY_IS_MAIN_RESULT = True
+
     @staticmethod
     def check_env_names(names):
         bad = [n for n in names if "`" in n or "\\" in n or not n]
@@ -277,7 +287,7 @@ class RDialect:
     def begin_scoped_env(assign):
         names = ", ".join(r_string(k) for k in sorted(assign))
         return (
-            f".warren_saved_env <- Sys.getenv(c({names}), unset = NA)\n"
+            f".warren_saved_env <- Sys.getenv(c({names}), unset = NA, names = TRUE)\n"
             + RDialect.set_env(assign)
         )
 
@@ -450,7 +460,7 @@ class Context:
                 elif kind == "execute_result":
                     emit(result_line(content, True))
                 elif kind == "display_data":
-                    emit(result_line(content, False))
+                    emit(result_line(content, self.dialect.DISPLAY_IS_MAIN_RESULT))
                 elif kind == "error" and not state["errored"]:
                     state["errored"] = True
                     emit(
