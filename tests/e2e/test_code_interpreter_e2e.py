@@ -244,8 +244,8 @@ def test_contexts_have_their_own_state_cwd_and_restart(sandbox):
 def test_a_language_without_a_kernel_is_refused_by_name(sandbox):
     from e2b import SandboxException
 
-    with pytest.raises(SandboxException, match="language 'typescript' has no kernel"):
-        sandbox.run_code("1 + 1", language="typescript")
+    with pytest.raises(SandboxException, match="language 'java' has no kernel"):
+        sandbox.run_code("1 + 1", language="java")
     with pytest.raises(SandboxException, match="language 'cobol' has no kernel"):
         sandbox.create_code_context(language="cobol")
 
@@ -273,6 +273,21 @@ def test_javascript_cells_keep_state_print_in_order_and_are_interrupted(sandbox)
     assert sandbox.run_code("process.env.WT_JS === undefined", language="js").text == "true"
     ctx = sandbox.create_code_context(language="js", cwd="/tmp")
     assert sandbox.run_code("process.cwd()", context=ctx).text == "/tmp"
+
+
+def test_typescript_cells_are_transpiled_and_keep_state(sandbox):
+    first = sandbox.run_code(
+        "interface Point { x: number; y: number }\nconst p: Point = { x: 3, y: 4 };\nMath.hypot(p.x, p.y)",
+        language="ts",
+    )
+    assert first.error is None, first.error
+    assert first.text == "5", first
+    enum = sandbox.run_code("enum Mode { Off, On }\nMode.On + p.x", language="typescript")
+    assert enum.error is None and enum.text == "4", enum
+    bad = sandbox.run_code("const broken: = 1", language="ts")
+    assert bad.error is not None and bad.error.name == "SyntaxError", bad
+    imported = sandbox.run_code('import * as os from "os";\nos.platform()', language="ts")
+    assert imported.error is None and imported.text == "linux", imported
 
 
 def test_r_cells_keep_state_and_return_rich_results(sandbox):

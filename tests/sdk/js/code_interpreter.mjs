@@ -64,7 +64,7 @@ try {
 
   step('// The JS SDK reports')
   // The JS SDK reports only the status of a refused request (the body naming the language is dropped).
-  await assert.rejects(() => sbx.runCode('1', { language: 'typescript' }), /400/)
+  await assert.rejects(() => sbx.runCode('1', { language: 'java' }), /400/)
   console.log('all checks passed')
 } finally {
   await sbx.kill()

@@ -53,6 +53,10 @@ const CONTEXT_FILES: &[(&str, &str)] = &[
         "javascript_kernel.json",
         include_str!("template/javascript_kernel.json"),
     ),
+    (
+        "typescript_kernel.json",
+        include_str!("template/typescript_kernel.json"),
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]

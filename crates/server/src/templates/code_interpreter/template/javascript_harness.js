@@ -4,6 +4,8 @@
 // cell runs, then {"type": "result", "text"} or {"type": "error", "name", "value", "traceback"}, and
 // {"type": "done"}. A cell runs in this process's own global scope (`let`, `const`, functions and
 // `require`d modules stay for the next cell); a returned promise is awaited; SIGINT interrupts a cell.
+// With WARREN_KERNEL_LANGUAGE=typescript a cell is TypeScript: transpiled (not type-checked) by the
+// `typescript` package first, its syntax errors reported as a SyntaxError.
 "use strict";
 const fs = require("fs");
 const readline = require("readline");
@@ -38,6 +40,37 @@ console.warn = console.error;
 
 globalThis.require = createRequire(process.cwd() + "/");
 
+const typescript = process.env.WARREN_KERNEL_LANGUAGE === "typescript"
+  ? require(process.env.WARREN_TYPESCRIPT || "/usr/local/lib/node_modules/typescript")
+  : null;
+// Transpiled cells with `import` assign to these, as CommonJS modules do.
+globalThis.exports = globalThis.exports || {};
+
+function transpile(code, filename) {
+  const ts = typescript;
+  const out = ts.transpileModule(code, {
+    fileName: `${filename}.ts`,
+    reportDiagnostics: true,
+    compilerOptions: {
+      target: ts.ScriptTarget.ES2022,
+      module: ts.ModuleKind.CommonJS,
+      esModuleInterop: true,
+    },
+  });
+  const errors = (out.diagnostics || []).filter((d) => d.category === ts.DiagnosticCategory.Error);
+  if (errors.length > 0) {
+    const first = errors[0];
+    const text = ts.flattenDiagnosticMessageText(first.messageText, "\n");
+    const where = first.file && first.start !== undefined
+      ? first.file.getLineAndCharacterOfPosition(first.start)
+      : null;
+    const error = new SyntaxError(where ? `${text} (${filename}:${where.line + 1}:${where.character + 1})` : text);
+    error.stack = `SyntaxError: ${error.message}`;
+    throw error;
+  }
+  return out.outputText;
+}
+
 let count = 0;
 function errorMessage(error) {
   if (error instanceof Error) {
@@ -59,8 +92,10 @@ async function run(request) {
   count += 1;
   try {
     globalThis.require = createRequire(process.cwd() + "/");
-    let value = vm.runInThisContext(request.code, {
-      filename: `<cell ${count}>`,
+    const filename = `<cell ${count}>`;
+    const source = typescript ? transpile(request.code, filename) : request.code;
+    let value = vm.runInThisContext(source, {
+      filename,
       breakOnSigint: true,
     });
     if (value && typeof value.then === "function") value = await value;

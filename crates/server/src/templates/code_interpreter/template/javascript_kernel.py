@@ -1,8 +1,9 @@
-"""Warren's JavaScript kernel: a Jupyter kernel (ipykernel's wrapper-kernel base, as bash_kernel is)
+"""Warren's JavaScript (and TypeScript) kernel: a Jupyter kernel (ipykernel's wrapper-kernel base, as bash_kernel is)
 in front of one Node.js process running javascript_harness.js, which keeps the cells' state. The
 interpreter server talks to it like any other kernel; an interrupt (SIGINT to this process) is passed
 on to Node, which breaks the running cell; a Node process that dies is started again, its state gone,
-and the cell says so."""
+and the cell says so. With WARREN_KERNEL_LANGUAGE=typescript (the TypeScript kernelspec sets it) the
+harness transpiles each cell from TypeScript first."""
 
 import json
 import os
@@ -66,18 +67,21 @@ class Node:
         self.messages.close()
 
 
+TYPESCRIPT = os.environ.get("WARREN_KERNEL_LANGUAGE") == "typescript"
+
+
 class JavaScriptKernel(Kernel):
     implementation = "warren-javascript"
     implementation_version = "1.0"
-    language = "javascript"
+    language = "typescript" if TYPESCRIPT else "javascript"
     language_version = node_version()
     language_info = {
-        "name": "javascript",
+        "name": language,
         "version": language_version,
-        "mimetype": "application/javascript",
-        "file_extension": ".js",
+        "mimetype": "text/typescript" if TYPESCRIPT else "application/javascript",
+        "file_extension": ".ts" if TYPESCRIPT else ".js",
     }
-    banner = f"Node.js {language_version} (Warren's JavaScript kernel)"
+    banner = f"Node.js {language_version} (Warren's {language} kernel)"
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

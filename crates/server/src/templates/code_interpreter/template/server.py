@@ -51,7 +51,13 @@ SOCKET_DIR = "/tmp/warren-interpreter"
 
 # Languages a context can have, with their Jupyter kernel name. Only kernels installed in this template
 # are offered (see installed_kernels): anything else is refused with 400 naming the language.
-KNOWN_KERNELS = {"python": "python3", "bash": "bash", "javascript": "javascript", "r": "ir"}
+KNOWN_KERNELS = {
+    "python": "python3",
+    "bash": "bash",
+    "javascript": "javascript",
+    "typescript": "typescript",
+    "r": "ir",
+}
 LANGUAGE_ALIASES = {
     "python3": "python",
     "py": "python",
@@ -60,9 +66,12 @@ LANGUAGE_ALIASES = {
     "js": "javascript",
     "node": "javascript",
     "nodejs": "javascript",
+    "ts": "typescript",
 }
 # What a kernel runs besides its kernelspec: a spec whose program is missing is not offered.
-KERNEL_PROGRAMS = {"javascript": "node", "r": "R"}
+KERNEL_PROGRAMS = {"javascript": "node", "typescript": "node", "r": "R"}
+# ...and what it needs besides: TypeScript cells are transpiled with npm's `typescript`.
+KERNEL_FILES = {"typescript": "/usr/local/lib/node_modules/typescript/package.json"}
 SHELL_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -73,7 +82,9 @@ def installed_kernels():
     return {
         language: kernel
         for language, kernel in KNOWN_KERNELS.items()
-        if kernel in specs and shutil.which(KERNEL_PROGRAMS.get(language, "sh"))
+        if kernel in specs
+        and shutil.which(KERNEL_PROGRAMS.get(language, "sh"))
+        and os.path.exists(KERNEL_FILES.get(language, "/"))
     }
 
 
@@ -305,7 +316,13 @@ class RDialect:
         return f"setwd({r_string(path)})"
 
 
-DIALECTS = {"python": PythonDialect, "bash": BashDialect, "javascript": JavaScriptDialect, "r": RDialect}
+DIALECTS = {
+    "python": PythonDialect,
+    "bash": BashDialect,
+    "javascript": JavaScriptDialect,
+    "typescript": JavaScriptDialect,
+    "r": RDialect,
+}
 
 
 class ClientGone(Exception):
