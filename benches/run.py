@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 BASE_ROOTFS = Path(os.environ.get("WARREN_CACHE", "/var/cache/warren")) / "rootfs/debian12-base"
+CODE_INTERPRETER_ROOTFS = Path(os.environ.get("WARREN_CACHE", "/var/cache/warren")) / "rootfs/debian12-code-interpreter"
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -564,7 +565,60 @@ def print_table(rep: Report) -> str:
     return "\n".join(lines)
 
 
-SECTIONS = {"create", "exec", "files", "pause", "fork", "density", "list"}
+def wait_template_ready(name: str, bound_s: float) -> str:
+    """The status of template `name` once it is no longer being built (or when `bound_s` ran out)."""
+    import httpx
+    deadline = time.monotonic() + bound_s
+    status = "missing"
+    while time.monotonic() < deadline:
+        answer = httpx.get(f"{os.environ['E2B_API_URL']}/templates/{name}",
+                           headers={"X-API-Key": os.environ["E2B_API_KEY"]}, timeout=10)
+        status = answer.json()["builds"][0]["status"] if answer.status_code == 200 else "missing"
+        if status not in ("missing", "waiting", "building"):
+            return status
+        time.sleep(0.5)
+    return status
+
+
+def bench_code_interpreter(rep: Report, n: int, create_p50: float | None) -> None:
+    """`e2b_code_interpreter`: create → first `run_code("1+1")`, and a cell's round trip beside
+    `commands.run("python3 -c ...")` in the same sandbox."""
+    try:
+        from e2b_code_interpreter import Sandbox
+    except ImportError:
+        rep.skip("code interpreter", "e2b_code_interpreter is not installed (tests/sdk/requirements.txt)")
+        return
+    if not (CODE_INTERPRETER_ROOTFS / ".warren-complete").is_file():
+        rep.skip("code interpreter", f"no code-interpreter rootfs at {CODE_INTERPRETER_ROOTFS} (scripts/setup)")
+        return
+    status = wait_template_ready("code-interpreter-v1", 900)
+    if status != "ready":
+        rep.skip("code interpreter", f"the code-interpreter-v1 template is {status}")
+        return
+    firsts, cells, shells = [], [], []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        sbx = Sandbox.create(timeout=300)
+        try:
+            first = sbx.run_code("1+1")
+            firsts.append((time.perf_counter() - t0) * 1000)
+            assert first.text == "2", first
+            for _ in range(5):
+                t0 = time.perf_counter()
+                sbx.run_code("1+1")
+                cells.append((time.perf_counter() - t0) * 1000)
+                t0 = time.perf_counter()
+                sbx.commands.run("python3 -c 'print(1+1)'")
+                shells.append((time.perf_counter() - t0) * 1000)
+        finally:
+            sbx.kill()
+    rep.add(Row("code interpreter: create -> first run_code('1+1') p50", pct(firsts, 50), "ms",
+                create_p50, "base create p50", note="a checkpointed warm kernel"))
+    rep.add(Row("run_code('1+1') round trip p50", pct(cells, 50), "ms", pct(shells, 50),
+                "commands.run('python3 -c ...') p50"))
+
+
+SECTIONS = {"create", "exec", "files", "pause", "fork", "density", "list", "interpreter"}
 
 
 def main() -> int:
@@ -580,7 +634,7 @@ def main() -> int:
     ap.add_argument("--file-mib", type=int, default=100)
     ap.add_argument("--quick", action="store_true", help="small counts, for a smoke run")
     ap.add_argument("--only", default="", help="comma-separated sections to run "
-                    "(create,exec,files,pause,fork,density,list); default: all")
+                    "(create,exec,files,pause,fork,density,list,interpreter); default: all")
     args = ap.parse_args()
     if args.quick:
         args.creates, args.execs, args.concurrent, args.threads, args.list_sandboxes = 10, 50, 20, 5, 40
@@ -630,6 +684,9 @@ def main() -> int:
             print("== list", flush=True)
             bench_list(rep, running, args.list_sandboxes, 100)
         kill_all(running)
+        if want("interpreter"):
+            print("== code interpreter", flush=True)
+            bench_code_interpreter(rep, 10 if not args.quick else 2, create_p50)
     finally:
         warren.stop()
         overlay.cleanup()
