@@ -1,7 +1,7 @@
 """`warren gc` (issue 18): a server killed with SIGKILL and its state directory removed by hand leave
 running sandboxes nobody can list; `warren gc --dry-run` names them (supervisor, cgroup, mounts,
-lxcfs) and changes nothing, `warren gc` removes every process, mount, cgroup and link of them, and a
-live server's sandbox beside them is left alone. Runs in a network namespace of its own
+lxcfs) and changes nothing, `warren gc` removes every process, mount, cgroup, link and firewall entry
+of them, and a live server's sandbox beside them is left alone. Runs in a network namespace of its own
 (scripts/private-netns), like the crash tests."""
 
 import json
@@ -50,6 +50,7 @@ def test_gc_removes_what_a_deleted_state_dir_left_and_nothing_else():
         status, body = lost.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
         assert status == 201, body
         lost_id = body["sandboxID"]
+        assert len(harness.nft_elements("bridge", "ports")) == 1, "the sandbox's port binding"
         lost.sigkill()
         # What a user does: the state directory goes, as far as `rm` can take it (busy mount points stay).
         subprocess.run(["rm", "-rf", str(lost.state_dir)], check=False, capture_output=True, timeout=120)
@@ -75,6 +76,8 @@ def test_gc_removes_what_a_deleted_state_dir_left_and_nothing_else():
         assert _mounts_of(str(lost.state_dir)) == []
         assert _cgroups_of(lost_id) == []
         harness.wait_until("no sandbox link left", lambda: harness.host_links() == [], 30)
+        assert harness.nft_elements("bridge", "ports") == [], "the lost sandbox's port binding stayed"
+        assert removed["firewallEntries"], removed
 
         # A live server's sandbox is its own, however gc looks at it.
         live = harness.Warren()
@@ -89,6 +92,8 @@ def test_gc_removes_what_a_deleted_state_dir_left_and_nothing_else():
         assert status == 200 and body["state"] == "running", body
         assert _cgroups_of(live_id), "the live sandbox's cgroup went"
         assert harness.processes_mentioning(str(live.state_dir)), "the live sandbox's supervisor went"
+        assert len(harness.nft_elements("bridge", "ports")) == 1, "the live sandbox's port binding went"
+        assert again["firewallEntries"] == [], again
     finally:
         if lost.process is not None:
             lost.sigkill()

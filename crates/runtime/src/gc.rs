@@ -9,7 +9,8 @@
 //! `/proc/self/mountinfo`, cgroups under Warren's parent cgroup. A sandbox directory is still owned
 //! while its state directory holds a store (`warren.db`) or the directory itself holds the runtime's
 //! record or the supervisor's configuration; veths go by themselves once the sandbox's network
-//! namespace has no process and no mount left.
+//! namespace has no process and no mount left, and the shared nftables sets then lose the entries of
+//! every address whose veth is gone.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -279,6 +280,20 @@ pub fn remove(findings: &Findings) -> Vec<String> {
         }
     }
     problems
+}
+
+/// After [`remove`]: the firewall entries of sandbox addresses whose port is gone (see
+/// [`crate::network::firewall::remove_stale_ports`]); returns the addresses cleaned.
+pub fn remove_stale_firewall_entries(
+    findings: &Findings,
+) -> Result<Vec<std::net::Ipv4Addr>, String> {
+    // Sandboxes just killed: give the kernel time to take their veths away.
+    let settle = if findings.sandboxes.is_empty() {
+        Duration::ZERO
+    } else {
+        Duration::from_secs(15)
+    };
+    crate::network::firewall::remove_stale_ports(settle).map_err(|e| format!("firewall: {e}"))
 }
 
 #[cfg(test)]

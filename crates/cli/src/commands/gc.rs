@@ -13,6 +13,8 @@ use crate::exit_code;
 struct Report {
     sandboxes: Vec<SandboxReport>,
     lxcfs_mounts: Vec<String>,
+    /// Sandbox addresses whose firewall entries were removed (their veth was gone).
+    firewall_entries: Vec<String>,
     removed: bool,
     problems: Vec<String>,
 }
@@ -28,7 +30,12 @@ struct SandboxReport {
     cgroup_tasks: usize,
 }
 
-fn report(findings: &Findings, removed: bool, problems: Vec<String>) -> Report {
+fn report(
+    findings: &Findings,
+    removed: bool,
+    firewall_entries: Vec<String>,
+    problems: Vec<String>,
+) -> Report {
     Report {
         sandboxes: findings
             .sandboxes
@@ -47,6 +54,7 @@ fn report(findings: &Findings, removed: bool, problems: Vec<String>) -> Report {
             .iter()
             .map(|m| m.display().to_string())
             .collect(),
+        firewall_entries,
         removed,
         problems,
     }
@@ -59,12 +67,16 @@ pub fn run(global: &GlobalArgs, args: GcArgs) -> Result<i32, CommandError> {
         ));
     }
     let findings = gc::find();
-    let problems = if args.dry_run {
-        Vec::new()
-    } else {
-        gc::remove(&findings)
-    };
-    let report = report(&findings, !args.dry_run, problems);
+    let mut problems = Vec::new();
+    let mut cleaned = Vec::new();
+    if !args.dry_run {
+        problems = gc::remove(&findings);
+        match gc::remove_stale_firewall_entries(&findings) {
+            Ok(addresses) => cleaned = addresses.iter().map(|ip| ip.to_string()).collect(),
+            Err(problem) => problems.push(problem),
+        }
+    }
+    let report = report(&findings, !args.dry_run, cleaned, problems);
     if global.json {
         print_json(&report)?;
     } else {
@@ -89,6 +101,9 @@ pub fn run(global: &GlobalArgs, args: GcArgs) -> Result<i32, CommandError> {
         }
         for mount in &report.lxcfs_mounts {
             println!("lxcfs mount {mount}: {verb}");
+        }
+        for address in &report.firewall_entries {
+            println!("firewall entries of {address} (its sandbox's link is gone): removed");
         }
         if report.sandboxes.is_empty() && report.lxcfs_mounts.is_empty() {
             println!("nothing to remove: every sandbox on this host has its state directory");

@@ -493,6 +493,70 @@ pub fn admit(
     PendingNft::start("admit the sandbox's port", &script)
 }
 
+/// The addresses of set `ports` elements (in `nft -j list set bridge warren ports` output) whose
+/// port is not one of `links`.
+fn stale_port_addresses(listing: &str, links: &[String]) -> Vec<Ipv4Addr> {
+    let Ok(json) = serde_json::from_str::<serde_json::Value>(listing) else {
+        return Vec::new();
+    };
+    let sets = json["nftables"].as_array().cloned().unwrap_or_default();
+    sets.iter()
+        .filter_map(|item| item["set"]["elem"].as_array().cloned())
+        .flatten()
+        .filter_map(|element| {
+            let parts = element["concat"].as_array()?;
+            let port = parts.first()?.as_str()?;
+            let ip: Ipv4Addr = parts.get(2)?.as_str()?.parse().ok()?;
+            (!links.iter().any(|link| link == port)).then_some(ip)
+        })
+        .collect()
+}
+
+/// Removes from the shared tables what sandboxes whose port (veth) no longer exists left there: the
+/// port binding, the internet grant and the egress rules of their addresses (a state directory
+/// deleted by hand never withdrew them). A live sandbox always has its port, so nothing of it is
+/// touched. Returns the addresses cleaned.
+///
+/// `settle`: first wait (at most that long) until the set of sandbox ports has stopped changing for a
+/// second — the veths of sandboxes just killed go only once the kernel has torn their network
+/// namespaces down.
+pub fn remove_stale_ports(settle: std::time::Duration) -> Result<Vec<Ipv4Addr>, FirewallError> {
+    let deadline = std::time::Instant::now() + settle;
+    let mut links = host_port_names()?;
+    let mut still_since = std::time::Instant::now();
+    while std::time::Instant::now() < deadline
+        && still_since.elapsed() < std::time::Duration::from_secs(1)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let now = host_port_names()?;
+        if now != links {
+            links = now;
+            still_since = std::time::Instant::now();
+        }
+    }
+    let _lock = RulesetLock::take()?;
+    let output = Command::new("nft")
+        .args(["-j", "list", "set", "bridge", TABLE, "ports"])
+        .stderr(Stdio::null())
+        .output();
+    let listing = match output {
+        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+        // No table (no server ever ran here): nothing to clean.
+        _ => return Ok(Vec::new()),
+    };
+    let stale = stale_port_addresses(&listing, &host_port_names()?);
+    for ip in &stale {
+        let plan = NetworkPlan {
+            bridge: String::new(),
+            gateway: Ipv4Addr::UNSPECIFIED,
+            prefix: 32,
+            ip: *ip,
+        };
+        withdraw(&plan)?.wait()?;
+    }
+    Ok(stale)
+}
+
 /// Starts the nft run that removes everything [`admit`] added for `plan`. Wait for it before the
 /// address is released: a later holder's binding must not be the one it deletes.
 pub fn withdraw(plan: &NetworkPlan) -> Result<PendingNft, FirewallError> {
@@ -625,6 +689,20 @@ pub fn internet_allowed(ip: Ipv4Addr) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ports_whose_link_is_gone_are_stale() {
+        let listing = r#"{"nftables": [{"metainfo": {}}, {"set": {"family": "bridge", "name": "ports",
+            "elem": [{"concat": ["wv-0-2", "02:77:0a:4d:00:02", "10.77.0.2"]},
+                     {"concat": ["wv-0-3", "02:77:0a:4d:00:03", "10.77.0.3"]}]}}]}"#;
+        let links = vec!["wv-0-3".to_string()];
+        assert_eq!(
+            stale_port_addresses(listing, &links),
+            vec![Ipv4Addr::new(10, 77, 0, 2)]
+        );
+        assert!(stale_port_addresses("not json", &links).is_empty());
+        assert!(stale_port_addresses(r#"{"nftables": []}"#, &[]).is_empty());
+    }
 
     fn plan(ip: Ipv4Addr) -> NetworkPlan {
         NetworkPlan {
