@@ -64,6 +64,15 @@ def sandbox(interpreter):
     sbx.kill()
 
 
+@pytest.fixture
+def own_sandbox(interpreter):
+    """A sandbox for one test: each extra kernel (JavaScript, TypeScript, R) holds memory that the
+    shared sandbox's fork test needs."""
+    sbx = interpreter.create(timeout=300)
+    yield sbx
+    sbx.kill()
+
+
 def test_default_template_is_the_one_built_here(interpreter, sandbox):
     # No template named: the SDK's own default resolves to Warren's built template.
     assert interpreter.default_template == TEMPLATE
@@ -250,13 +259,8 @@ def test_a_language_without_a_kernel_is_refused_by_name(sandbox):
         sandbox.create_code_context(language="cobol")
 
 
-def test_javascript_cells_keep_state_print_in_order_and_are_interrupted(interpreter):
-    # A sandbox of its own: each extra kernel holds memory the shared sandbox's fork test needs.
-    with interpreter.create(timeout=300) as sandbox:
-        _javascript_cells_keep_state_print_in_order_and_are_interrupted(sandbox)
-
-
-def _javascript_cells_keep_state_print_in_order_and_are_interrupted(sandbox):
+def test_javascript_cells_keep_state_print_in_order_and_are_interrupted(own_sandbox):
+    sandbox = own_sandbox
     first = sandbox.run_code("const xs = [3, 1, 2]; console.log('sorted', [...xs].sort()); xs.length", language="js")
     assert first.error is None, first.error
     assert first.logs.stdout == ["sorted [ 1, 2, 3 ]\n"]
@@ -281,13 +285,8 @@ def _javascript_cells_keep_state_print_in_order_and_are_interrupted(sandbox):
     assert sandbox.run_code("process.cwd()", context=ctx).text == "/tmp"
 
 
-def test_typescript_cells_are_transpiled_and_keep_state(interpreter):
-    # A sandbox of its own: each extra kernel holds memory the shared sandbox's fork test needs.
-    with interpreter.create(timeout=300) as sandbox:
-        _typescript_cells_are_transpiled_and_keep_state(sandbox)
-
-
-def _typescript_cells_are_transpiled_and_keep_state(sandbox):
+def test_typescript_cells_are_transpiled_and_keep_state(own_sandbox):
+    sandbox = own_sandbox
     first = sandbox.run_code(
         "interface Point { x: number; y: number }\nconst p: Point = { x: 3, y: 4 };\nMath.hypot(p.x, p.y)",
         language="ts",
@@ -302,13 +301,8 @@ def _typescript_cells_are_transpiled_and_keep_state(sandbox):
     assert imported.error is None and imported.text == "linux", imported
 
 
-def test_r_cells_keep_state_and_return_rich_results(interpreter):
-    # A sandbox of its own: each extra kernel holds memory the shared sandbox's fork test needs.
-    with interpreter.create(timeout=300) as sandbox:
-        _r_cells_keep_state_and_return_rich_results(sandbox)
-
-
-def _r_cells_keep_state_and_return_rich_results(sandbox):
+def test_r_cells_keep_state_and_return_rich_results(own_sandbox):
+    sandbox = own_sandbox
     first = sandbox.run_code("x <- c(4, 5, 6)\ncat('mean', mean(x), '\\n')\nsum(x)", language="r")
     assert first.error is None, first.error
     assert first.logs.stdout == ["mean 5 \n"], first.logs

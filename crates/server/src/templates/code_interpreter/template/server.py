@@ -165,14 +165,19 @@ def result_line(content, is_main_result):
     return line
 
 
-class PythonDialect:
-    """Bookkeeping code for a Python kernel: environment variables and the working directory."""
+class Dialect:
+    """What every kernel's bookkeeping shares: any env var name is fine, and only an execute_result is
+    the cell's main result."""
 
     DISPLAY_IS_MAIN_RESULT = False
 
     @staticmethod
     def check_env_names(names):
         return None
+
+
+class PythonDialect(Dialect):
+    """Bookkeeping code for a Python kernel: environment variables and the working directory."""
 
     @staticmethod
     def set_env(assign):
@@ -204,10 +209,8 @@ class PythonDialect:
         return f"import os as __warren_os\n__warren_os.chdir({json.dumps(path)})\ndel __warren_os\n"
 
 
-class BashDialect:
+class BashDialect(Dialect):
     """Bookkeeping code for a Bash kernel (a bash process behind bash_kernel)."""
-
-    DISPLAY_IS_MAIN_RESULT = False
 
     @staticmethod
     def check_env_names(names):
@@ -238,14 +241,8 @@ class BashDialect:
         return f"cd {shlex.quote(path)}"
 
 
-class JavaScriptDialect:
+class JavaScriptDialect(Dialect):
     """Bookkeeping code for Warren's JavaScript kernel (one Node.js process)."""
-
-    DISPLAY_IS_MAIN_RESULT = False
-
-    @staticmethod
-    def check_env_names(names):
-        return None
 
     @staticmethod
     def set_env(assign):
@@ -277,7 +274,7 @@ def r_string(text):
     return json.dumps(text)
 
 
-class RDialect:
+class RDialect(Dialect):
     """Bookkeeping code for an R kernel (IRkernel)."""
 
     # IRkernel shows the value of a cell's visible expressions as display_data, never as
