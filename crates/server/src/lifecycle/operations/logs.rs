@@ -133,14 +133,12 @@ impl Lifecycle {
             }
         };
         let token = record.envd_access_token.clone();
-        let fetched =
-            tokio::task::spawn_blocking(move || fetch_page(ip, token.as_deref(), after)).await;
+        let fetched = tokio::task::spawn_blocking(move || fetch_page(ip, token.as_deref(), after))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|page| page);
         let page = match fetched {
-            Ok(Ok(page)) => page,
-            Ok(Err(error)) => {
-                tracing::debug!(sandbox = %id, %error, "the agent's log was not collected");
-                return Ok(0);
-            }
+            Ok(page) => page,
             Err(error) => {
                 tracing::debug!(sandbox = %id, %error, "the agent's log was not collected");
                 return Ok(0);
