@@ -129,6 +129,10 @@ class Warren:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
+        # Warren's lxcfs daemon outlives `warren up` on purpose; detaching its mount ends it (removing
+        # the state directory under it would not).
+        subprocess.run(["umount", "-l", str(self.state / "state" / "lxcfs")], check=False,
+                       stderr=subprocess.DEVNULL)
 
 
 def kill_all(sandboxes) -> None:
