@@ -101,7 +101,8 @@ async function run(request) {
     if (value && typeof value.then === "function") value = await value;
     if (value !== undefined && !silent) send({ type: "result", text: util.inspect(value, { colors: false }) });
   } catch (error) {
-    if (!silent) send(errorMessage(error));
+    // Even a silent cell's error is told: it is how the server's bookkeeping learns it failed.
+    send(errorMessage(error));
   } finally {
     silent = false;
     send({ type: "done" });

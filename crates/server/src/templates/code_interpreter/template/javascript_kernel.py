@@ -38,6 +38,10 @@ class Node:
             stdin=subprocess.PIPE,
             pass_fds=(write_end,),
             env={**os.environ, "WARREN_CHANNEL_FD": str(write_end)},
+            # A process group of its own: the interpreter server interrupts this kernel's group, and
+            # Node must get exactly one SIGINT per interrupt, the one passed on below (a second one
+            # could break the next cell).
+            process_group=0,
             text=True,
         )
         os.close(write_end)
@@ -130,8 +134,9 @@ class JavaScriptKernel(Kernel):
                     "evalue": message.get("value", ""),
                     "traceback": message.get("traceback", []),
                 }
-                if not silent:
-                    self.send_response(self.iopub_socket, "error", content)
+                # Published even for a silent cell: the server's bookkeeping cells (env vars, cwd)
+                # learn from it that they failed.
+                self.send_response(self.iopub_socket, "error", content)
                 reply = {"status": "error", "execution_count": count, **content}
 
     def _interrupt(self):
@@ -146,8 +151,7 @@ class JavaScriptKernel(Kernel):
 
     def _failed(self, silent, name, value):
         content = {"ename": name, "evalue": value, "traceback": [f"{name}: {value}"]}
-        if not silent:
-            self.send_response(self.iopub_socket, "error", content)
+        self.send_response(self.iopub_socket, "error", content)
         return {"status": "error", "execution_count": self.execution_count, **content}
 
     def do_shutdown(self, restart):
