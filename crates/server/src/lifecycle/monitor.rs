@@ -285,7 +285,14 @@ pub fn idle_for(
 pub struct MonitorState {
     runaways: RunawayTracker,
     sandboxes: HashMap<String, SandboxAlerts>,
+    /// When each sandbox's log was last collected by a pass.
+    logs_collected_at: HashMap<String, Millis>,
 }
+
+/// A pass collects a sandbox's log at most this often: a read of the log, a pause and a kill collect
+/// what is new anyway, so the monitor only keeps the store from lagging far behind (one HTTP request
+/// per sandbox every pass was load the host did not need).
+const LOG_COLLECTION_PERIOD_MS: Millis = 10_000;
 
 /// What one pass did.
 #[derive(Debug, Default, PartialEq)]
@@ -367,9 +374,15 @@ pub async fn pass(
     let mut samples = Vec::new();
     for record in &running {
         let id = record.id.as_str();
-        match lifecycle.collect_logs(record).await {
-            Ok(lines) => report.log_lines += lines,
-            Err(error) => tracing::warn!(sandbox = %id, %error, "cannot store the sandbox's log"),
+        let collected_at = state.logs_collected_at.get(id).copied();
+        if collected_at.is_none_or(|at| now - at >= LOG_COLLECTION_PERIOD_MS) {
+            state.logs_collected_at.insert(id.to_string(), now);
+            match lifecycle.collect_logs(record).await {
+                Ok(lines) => report.log_lines += lines,
+                Err(error) => {
+                    tracing::warn!(sandbox = %id, %error, "cannot store the sandbox's log")
+                }
+            }
         }
         // A sandbox may end between the listing and here: it is simply not looked at.
         let stats = match lifecycle.stats(id).await {
@@ -536,6 +549,9 @@ pub async fn pass(
     let live: HashSet<&str> = running.iter().map(|r| r.id.as_str()).collect();
     state.runaways.retain_sandboxes(&live);
     state.sandboxes.retain(|id, _| live.contains(id.as_str()));
+    state
+        .logs_collected_at
+        .retain(|id, _| live.contains(id.as_str()));
     lifecycle.activity().retain(|id| live.contains(id));
     lifecycle.retain_log_cursors(|id| live.contains(id));
     report.sampled = samples.len();
