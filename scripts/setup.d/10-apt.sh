@@ -4,6 +4,8 @@ set -euo pipefail
 pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fsprogs mmdebstrap procps psmisc curl ca-certificates lxcfs
     # The DNS server the egress tests start in their own namespaces (no service is enabled).
     dnsmasq-base
+    # The egress-proxy tests: a SOCKS5 server, and socat for its TLS front.
+    microsocks socat
     # Image-pull tests: a real registry on loopback, skopeo to push test images, a static busybox for
     # an Alpine-like image, zstd for zstd layers (the registry's system service is never enabled).
     docker-registry skopeo umoci busybox-static zstd)

@@ -119,3 +119,60 @@ def test_a_retried_create_with_an_idempotency_key_returns_the_first_sandbox(sdk_
         assert sandbox.commands.run("hostname").stdout.strip() == sandbox_id
     finally:
         Sandbox.kill(sandbox_id)
+
+
+HTTPS_ECHO = r"""
+import http.server, ssl
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = f"host={self.headers.get('Host')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.ThreadingHTTPServer(("0.0.0.0", 8443), H)
+context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+context.load_cert_chain("/tmp/cert.pem", "/tmp/key.pem")
+server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
+"""
+
+
+def test_masked_host_and_an_https_port_reach_the_sandbox_s_service(sdk_env, tmp_path):
+    """`network.mask_request_host` is the Host the sandbox's services see (the port put in), and a
+    port in `network.https_ports` is spoken to over TLS by the proxy (a self-signed certificate
+    works), while the client speaks plain HTTP to the proxy."""
+    import subprocess
+
+    import httpx
+    from e2b import Sandbox
+
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=self-signed.test", "-keyout", str(tmp_path / "key.pem"), "-out",
+         str(tmp_path / "cert.pem")],
+        check=True, capture_output=True,
+    )
+    network = {"mask_request_host": "${PORT}-app.example.test", "https_ports": [8443]}
+    sandbox = Sandbox.create(template="base", timeout=120, network=network)
+    try:
+        info = sandbox.get_info()
+        assert info.network["mask_request_host"] == "${PORT}-app.example.test", info.network
+        assert info.network["https_ports"] == [8443], info.network
+        for name in ("cert.pem", "key.pem"):
+            sandbox.files.write(f"/tmp/{name}", (tmp_path / name).read_text())
+        sandbox.files.write("/tmp/https_echo.py", HTTPS_ECHO)
+        sandbox.commands.run("python3 /tmp/https_echo.py", background=True)
+        headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8443"}
+        proxy = sdk_env["E2B_SANDBOX_URL"]
+        deadline = time.monotonic() + 60
+        while True:
+            answer = httpx.get(f"{proxy}/", headers=headers, timeout=30)
+            if answer.status_code == 200 or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        assert (answer.status_code, answer.text) == (200, "host=8443-app.example.test"), answer.text
+    finally:
+        sandbox.kill()

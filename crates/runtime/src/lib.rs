@@ -342,6 +342,12 @@ pub trait Runtime: Send + Sync {
     fn egress_trust_anchor(&self) -> Option<String> {
         None
     }
+    /// Checks what of `network` can only be checked on the host before a new sandbox gets it or a
+    /// running one's rules are replaced (a SOCKS5 proxy's address resolves to somewhere sandboxes
+    /// may reach): `InvalidSpec` naming the field when not. Restores of a sandbox do not call it.
+    fn check_network(&self, _network: &NetworkSpec) -> Result<(), RuntimeError> {
+        Ok(())
+    }
     /// Sandboxes that exist on this host, whether or not a server remembers them.
     fn list(&self) -> Result<Vec<Sandbox>, RuntimeError>;
     /// Called once at start-up by the sole owner of this runtime's sandboxes (the server), before

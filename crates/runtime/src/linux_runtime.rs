@@ -872,12 +872,22 @@ impl Runtime for LinuxRuntime {
         Some(self.egress_proxy.ca_pem().to_string())
     }
 
+    fn check_network(&self, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {
+        match &network.egress.upstream {
+            Some(upstream) => self
+                .egress_proxy
+                .check_upstream(upstream)
+                .map_err(RuntimeError::InvalidSpec),
+            None => Ok(()),
+        }
+    }
+
     fn set_network(&self, id: &str, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {
         let record = self.live_record(id)?;
         // The proxy gets the new names first when names are added (nft then starts redirecting to
         // it) and last when they go: at no point is a redirected connection judged by stale rules
         // that allow more than either the old or the new ones.
-        if !network.egress.allow_hosts.is_empty() || !network.egress.header_rules.is_empty() {
+        if network.egress.needs_proxy() {
             self.egress_proxy.set_rules(record.ip, &network.egress);
         }
         firewall::set_network(record.ip, network, self.egress_proxy.listen())

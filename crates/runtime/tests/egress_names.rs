@@ -277,6 +277,7 @@ fn rules(allow: &[&str], deny: &[&str]) -> EgressRules {
         allow_hosts: hosts,
         deny: deny.iter().map(|d| d.parse::<Cidr>().unwrap()).collect(),
         header_rules: vec![],
+        upstream: None,
     }
 }
 

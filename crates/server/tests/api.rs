@@ -144,12 +144,12 @@ async fn bad_requests_get_the_right_status() {
         .api(Method::POST, "/v2/sandboxes", Some(json!({"timeout": 5})))
         .await;
     assert_error(&malformed, StatusCode::BAD_REQUEST, "templateID");
-    // What the server does not provide is refused by name, never dropped: egress rules, volumes,
-    // MCP, IAM and fields it does not know.
+    // What the server does not provide is refused by name, never dropped (volumes, MCP, IAM, fields
+    // it does not know), and a malformed network setting names its field.
     for (body, named) in [
         (
-            json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test:1080"}, "maskRequestHost": "${PORT}-x.test"}}),
-            "network.egressProxy, network.maskRequestHost",
+            json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test"}}}),
+            "network.egressProxy.address",
         ),
         (
             json!({"templateID": "base", "network": {"allowOut": ["api example.com"]}}),
@@ -228,12 +228,14 @@ async fn bad_requests_get_the_right_status() {
         .api(
             Method::PUT,
             &format!("/sandboxes/{id}/network"),
-            Some(
-                json!({"allowOut": ["api.example.com"], "egressProxy": {"address": "p.test:1080"}}),
-            ),
+            Some(json!({"allowOut": ["api.example.com"], "allow_internet_access": false})),
         )
         .await;
-    assert_error(&unsupported, StatusCode::BAD_REQUEST, "network.egressProxy");
+    assert_error(
+        &unsupported,
+        StatusCode::BAD_REQUEST,
+        "allow_internet_access",
+    );
     assert_eq!(
         h.runtime
             .egress

@@ -75,7 +75,9 @@ async fn address_rules_reach_the_runtime_with_e2b_semantics() {
         .last()
         .cloned()
         .unwrap();
-    assert!(!spec.network.allow_internet && spec.network.egress.is_empty());
+    // No internet, and a deny of everything for what the egress proxy would judge.
+    assert!(!spec.network.allow_internet && spec.network.egress.allow.is_empty());
+    assert_eq!(strings(&spec.network.egress.deny), ["0.0.0.0/0"]);
     // Allowing a network later opens the way out for it alone.
     let open = h
         .api(
@@ -141,8 +143,20 @@ async fn address_rules_reach_the_runtime_with_e2b_semantics() {
             "network.dnsServers",
         ),
         (
-            json!({"egressProxy": {"address": "proxy.test:1080"}}),
-            "network.egressProxy",
+            json!({"egressProxy": {"address": "proxy.test"}}),
+            "network.egressProxy.address",
+        ),
+        (
+            json!({"egressProxy": {"address": "proxy.test:1080", "password": "p"}}),
+            "network.egressProxy.password needs a username",
+        ),
+        (
+            json!({"egressProxy": {"address": "proxy.test:1080", "via": "x"}}),
+            "network.egressProxy: unknown field \"via\"",
+        ),
+        (
+            json!({"egressProxy": {"address": "proxy.test:1080", "tls": {"enabled": true, "caCert": "junk"}}}),
+            "network.egressProxy.tls.caCert",
         ),
     ] {
         let refused = h
@@ -265,6 +279,66 @@ async fn address_rules_reach_the_runtime_with_e2b_semantics() {
     );
     let given = h.runtime.egress.lock().unwrap()[open_id].clone();
     assert!(given.allow_internet && given.egress.is_empty());
+
+    // A SOCKS5 proxy of the sandbox's own reaches the runtime whole; GET shows where it is and who
+    // logs in, never the password or the CA; an update without it stops tunneling.
+    let tunneled = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{open_id}/network"),
+            Some(json!({
+                "denyOut": ["0.0.0.0/0"],
+                "allowOut": ["api.example.com"],
+                "egressProxy": {"address": "Proxy.Example.com:1080", "username": "u",
+                    "password": "socks-pass-never-shown",
+                    "tls": {"enabled": true, "serverName": "socks.example.com"}}
+            })),
+        )
+        .await;
+    assert_eq!(
+        tunneled.status,
+        StatusCode::NO_CONTENT,
+        "{:?}",
+        tunneled.json()
+    );
+    let upstream = h.runtime.egress.lock().unwrap()[open_id]
+        .egress
+        .upstream
+        .clone()
+        .expect("the proxy reaches the runtime");
+    assert_eq!(
+        (
+            upstream.address(),
+            upstream.username.as_deref(),
+            upstream.password.as_deref()
+        ),
+        (
+            "proxy.example.com:1080".to_string(),
+            Some("u"),
+            Some("socks-pass-never-shown")
+        )
+    );
+    let detail = h
+        .api(Method::GET, &format!("/sandboxes/{open_id}"), None)
+        .await;
+    assert!(!String::from_utf8_lossy(&detail.body).contains("socks-pass-never-shown"));
+    assert_eq!(
+        detail.json()["network"]["egressProxy"],
+        json!({"address": "proxy.example.com:1080", "username": "u",
+            "tls": {"enabled": true, "serverName": "socks.example.com"}})
+    );
+    let direct = h
+        .api(
+            Method::PUT,
+            &format!("/sandboxes/{open_id}/network"),
+            Some(json!({"denyOut": ["0.0.0.0/0"], "allowOut": ["api.example.com"]})),
+        )
+        .await;
+    assert_eq!(direct.status, StatusCode::NO_CONTENT);
+    assert_eq!(
+        h.runtime.egress.lock().unwrap()[open_id].egress.upstream,
+        None
+    );
 
     for sandbox in h.runtime.live_ids() {
         h.api(Method::DELETE, &format!("/sandboxes/{sandbox}"), None)

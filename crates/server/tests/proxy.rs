@@ -348,3 +348,153 @@ async fn private_sandboxes_need_the_traffic_token_on_user_ports() {
     }
     h.server.stop().await.unwrap();
 }
+
+/// A sandbox's HTTPS service on `ip:port` with a self-signed certificate: answers each request with
+/// `tls host=<Host header>`.
+async fn https_service(ip: std::net::Ipv4Addr, port: u16) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["self-signed.test".to_string()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind((ip, port)).await.unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                return;
+            };
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(stream).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let host = text
+                    .lines()
+                    .find_map(|line| line.strip_prefix("host: "))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                let body = format!("tls host={host}");
+                let _ = tls
+                    .write_all(
+                        format!(
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .as_bytes(),
+                    )
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+}
+
+#[tokio::test]
+async fn masked_hosts_and_https_ports_shape_what_the_sandbox_s_services_see() {
+    let h = Harness::start(false, |_| {}).await;
+    let created = h
+        .create(json!({"templateID": "base", "network": {
+            "maskRequestHost": "${PORT}-app.example.test",
+            "httpsPorts": [8443]
+        }}))
+        .await;
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    let token = created["envdAccessToken"].as_str().unwrap().to_string();
+    // GET shows both settings as given.
+    let detail = h.api(Method::GET, &format!("/sandboxes/{id}"), None).await;
+    assert_eq!(
+        detail.json()["network"]["maskRequestHost"],
+        json!("${PORT}-app.example.test")
+    );
+    assert_eq!(detail.json()["network"]["httpsPorts"], json!([8443]));
+    // The sandbox's service sees the mask, the port put in, whatever Host the client sent.
+    let envd = h
+        .proxy(
+            "/health",
+            &[
+                ("Host", &format!("49983-{id}.localhost")),
+                ("X-Access-Token", &token),
+            ],
+        )
+        .await;
+    assert_eq!(envd.status, StatusCode::OK);
+    assert_eq!(
+        envd.json()["headers"]["host"],
+        json!("49983-app.example.test")
+    );
+    // Port 8443 speaks TLS itself (a self-signed certificate): the proxy ends the client's plain
+    // HTTP and speaks TLS to it.
+    let ip = h.runtime.ip_of(&id).expect("a live fake sandbox");
+    https_service(ip, 8443).await;
+    let https = h
+        .proxy(
+            "/",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "8443")],
+        )
+        .await;
+    assert_eq!(
+        (
+            https.status,
+            String::from_utf8_lossy(&https.body).into_owned()
+        ),
+        (StatusCode::OK, "tls host=8443-app.example.test".to_string())
+    );
+    // A port that is not in httpsPorts is spoken to in plain HTTP: the TLS service refuses that,
+    // so the proxy's answer is an error, not the service's page.
+    https_service(ip, 9443).await;
+    let plain = h
+        .proxy(
+            "/",
+            &[("E2b-Sandbox-Id", &id), ("E2b-Sandbox-Port", "9443")],
+        )
+        .await;
+    assert_eq!(plain.status, StatusCode::BAD_GATEWAY);
+    for (network, needle) in [
+        (json!({"httpsPorts": [49983]}), "network.httpsPorts"),
+        (json!({"maskRequestHost": "a b"}), "network.maskRequestHost"),
+        (
+            json!({"maskRequestHost": "x.test:99999"}),
+            "network.maskRequestHost",
+        ),
+        (json!({"httpsPorts": [0]}), "network.httpsPorts"),
+    ] {
+        let refused = h
+            .api(
+                Method::POST,
+                "/sandboxes",
+                Some(json!({"templateID": "base", "network": network})),
+            )
+            .await;
+        assert_eq!(refused.status, StatusCode::BAD_REQUEST, "{network}");
+        assert!(
+            String::from_utf8_lossy(&refused.body).contains(needle),
+            "{network}: {}",
+            String::from_utf8_lossy(&refused.body)
+        );
+    }
+    h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    h.server.stop().await.unwrap();
+}

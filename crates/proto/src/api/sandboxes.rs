@@ -134,39 +134,12 @@ pub struct SandboxNetworkUpdate {
 }
 
 impl SandboxNetworkUpdate {
-    /// The JSON names of the fields that ask for a change.
-    pub fn requested_fields(&self) -> Vec<&'static str> {
-        let as_network = SandboxNetwork {
-            allow_out: self.allow_out.clone(),
-            deny_out: self.deny_out.clone(),
-            dns_servers: self.dns_servers.clone(),
-            egress_proxy: self.egress_proxy.clone(),
-            rules: self.rules.clone(),
-            ..SandboxNetwork::default()
-        };
-        let mut out = as_network.requested_fields();
-        if self.allow_internet_access.is_some() {
-            out.push("allow_internet_access");
-        }
-        out
-    }
-}
-
-impl SandboxNetwork {
-    /// The JSON names of the fields that ask for what this server does not enforce yet (the SOCKS5
-    /// egress proxy, a host mask, HTTPS ports), in the order the schema lists them.
-    /// `allowPublicTraffic`, `allowOut` / `denyOut` (addresses and host names), `dnsServers` and
-    /// `rules` (header transforms) are supported.
+    /// The JSON names of the fields that ask for what an update cannot do here: a change of
+    /// `allow_internet_access` (set at create).
     pub fn requested_fields(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
-        if self.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
-            out.push("network.egressProxy");
-        }
-        if self.mask_request_host.is_some() {
-            out.push("network.maskRequestHost");
-        }
-        if self.https_ports.as_ref().is_some_and(|p| !p.is_empty()) {
-            out.push("network.httpsPorts");
+        if self.allow_internet_access.is_some() {
+            out.push("allow_internet_access");
         }
         out
     }

@@ -11,6 +11,8 @@ use std::fmt;
 use std::net::Ipv4Addr;
 use std::str::FromStr;
 
+pub use super::egress_upstream::{UpstreamProxy, UpstreamTls};
+
 /// Most entries a rule list may hold (each is one nft rule).
 pub const MAX_ENTRIES: usize = 256;
 
@@ -188,6 +190,9 @@ pub struct EgressRules {
     pub deny: Vec<Cidr>,
     /// Header transforms by host; they grant nothing by themselves.
     pub header_rules: Vec<HeaderRule>,
+    /// The sandbox's own SOCKS5 proxy: everything TCP its rules let out is tunneled through it
+    /// ([`super::egress_upstream`]).
+    pub upstream: Option<UpstreamProxy>,
 }
 
 impl EgressRules {
@@ -196,6 +201,13 @@ impl EgressRules {
             && self.allow_hosts.is_empty()
             && self.deny.is_empty()
             && self.header_rules.is_empty()
+            && self.upstream.is_none()
+    }
+
+    /// Whether the egress proxy takes part in this sandbox's connections (host names, header rules
+    /// or a SOCKS5 proxy).
+    pub fn needs_proxy(&self) -> bool {
+        !self.allow_hosts.is_empty() || !self.header_rules.is_empty() || self.upstream.is_some()
     }
 
     /// Whether `name` is allowed by one of the host patterns.

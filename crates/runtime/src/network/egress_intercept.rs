@@ -10,7 +10,6 @@
 //! `421 Misdirected Request`, so the secret of one host is never sent with a request for another.
 
 use std::io;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -21,6 +20,8 @@ use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+use super::egress_upstream::Io;
 use tokio::net::TcpStream;
 
 /// A stream whose first bytes were already read: they are given back before the rest.
@@ -75,16 +76,14 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
     }
 }
 
-trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
-
 type ProxyBody = http_body_util::combinators::BoxBody<Bytes, hyper::Error>;
 
-/// One intercepted connection: the sandbox's side (TLS ended here when `tls` is given), the real
-/// host at `target` (over TLS verified with `upstream` when `tls` is given), and the headers to set.
+/// One intercepted connection: the sandbox's side (TLS ended here when `tls` is given), a connection
+/// already open towards the real host (`server`: direct, or through the sandbox's SOCKS5 proxy), over
+/// which TLS verified with the client settings of `tls` is spoken when given, and the headers to set.
 pub(crate) struct Interception {
     pub name: String,
-    pub target: SocketAddr,
+    pub server: Box<dyn Io>,
     pub headers: Vec<(String, String)>,
     pub tls: Option<(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>)>,
 }
@@ -95,30 +94,25 @@ pub(crate) async fn intercept(
 ) -> Result<(), String> {
     let Interception {
         name,
-        target,
+        server,
         headers,
         tls,
     } = interception;
-    let (sandbox_side, server_side): (Box<dyn Io>, Box<dyn Io>) = {
-        let tcp = TcpStream::connect(target)
-            .await
-            .map_err(|e| format!("connect to {target}: {e}"))?;
-        match tls {
-            Some((server_config, client_config)) => {
-                let accepted = tokio_rustls::TlsAcceptor::from(server_config)
-                    .accept(client)
-                    .await
-                    .map_err(|e| format!("TLS from the sandbox: {e}"))?;
-                let server_name = rustls::pki_types::ServerName::try_from(name.clone())
-                    .map_err(|e| format!("server name: {e}"))?;
-                let connected = tokio_rustls::TlsConnector::from(client_config)
-                    .connect(server_name, tcp)
-                    .await
-                    .map_err(|e| format!("TLS to {name} at {target}: {e}"))?;
-                (Box::new(accepted), Box::new(connected))
-            }
-            None => (Box::new(client), Box::new(tcp)),
+    let (sandbox_side, server_side): (Box<dyn Io>, Box<dyn Io>) = match tls {
+        Some((server_config, client_config)) => {
+            let accepted = tokio_rustls::TlsAcceptor::from(server_config)
+                .accept(client)
+                .await
+                .map_err(|e| format!("TLS from the sandbox: {e}"))?;
+            let server_name = rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|e| format!("server name: {e}"))?;
+            let connected = tokio_rustls::TlsConnector::from(client_config)
+                .connect(server_name, server)
+                .await
+                .map_err(|e| format!("TLS to {name}: {e}"))?;
+            (Box::new(accepted), Box::new(connected))
         }
+        None => (Box::new(client), server),
     };
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(server_side))
         .await

@@ -36,6 +36,7 @@ use tokio::net::{TcpListener, TcpStream};
 use super::egress::{Cidr, EgressRules};
 use super::egress_ca::EgressCa;
 use super::egress_intercept::{intercept, upstream_tls, Interception, Prefixed};
+use super::egress_upstream::{dial, proxy_address, Io, Target, UpstreamProxy};
 use super::requested_name::{self, Requested, MAX_HEAD};
 use std::path::PathBuf;
 
@@ -86,6 +87,7 @@ pub struct EgressProxyConfig {
 
 struct Shared {
     rules: RwLock<HashMap<Ipv4Addr, EgressRules>>,
+    resolvers: Vec<SocketAddr>,
     denied: Vec<Cidr>,
     ca: EgressCa,
     upstream_tls: Arc<rustls::ClientConfig>,
@@ -120,6 +122,7 @@ impl EgressProxy {
         let resolver = resolver(&config.resolvers)?;
         let shared = Arc::new(Shared {
             rules: RwLock::new(HashMap::new()),
+            resolvers: config.resolvers.clone(),
             denied: config.denied.clone(),
             ca: EgressCa::load_or_create(&config.ca_dir).map_err(EgressProxyError::Ca)?,
             upstream_tls: Arc::new(
@@ -164,11 +167,46 @@ impl EgressProxy {
         let Ok(mut map) = self.shared.rules.write() else {
             return;
         };
-        if rules.allow_hosts.is_empty() && rules.header_rules.is_empty() {
+        if !rules.needs_proxy() {
             map.remove(&ip);
         } else {
             map.insert(ip, rules.clone());
         }
+    }
+
+    /// Checks a sandbox's SOCKS5 proxy before its rules are installed: its settings, and that its
+    /// address resolves (with the proxy's resolvers) to somewhere sandboxes may reach. Each dial
+    /// resolves it again.
+    pub fn check_upstream(&self, upstream: &UpstreamProxy) -> Result<(), String> {
+        upstream.validate()?;
+        let upstream = upstream.clone();
+        let resolvers = self.shared.resolvers.clone();
+        let denied = self.shared.denied.clone();
+        // A thread of its own: the caller may be inside another tokio runtime.
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("check the egress proxy: {e}"))?;
+            runtime.block_on(async {
+                let resolver = resolver(&resolvers).map_err(|e| e.to_string())?;
+                tokio::time::timeout(
+                    HANDSHAKE_TIMEOUT,
+                    proxy_address(&upstream, &resolver, &denied),
+                )
+                .await
+                .map_err(|_| {
+                    format!(
+                        "the egress proxy's name {} did not resolve in time",
+                        upstream.host
+                    )
+                })?
+                .map(|_| ())
+            })
+        })
+        .join()
+        .unwrap_or_else(|_| Err("checking the egress proxy failed".into()))
+        .map_err(|e| format!("network.egressProxy: {e}"))
     }
 
     pub fn remove(&self, ip: Ipv4Addr) {
@@ -272,15 +310,40 @@ async fn relay(
         .read()
         .ok()
         .and_then(|map| map.get(&source).cloned())
-        .ok_or_else(|| refuse(None, "no host-name rules for this source"))?;
+        .ok_or_else(|| refuse(None, "no egress rules for this source"))?;
     let original = original_destination(&client)
         .map_err(|e| refuse(None, format!("original destination: {e}")))?;
     let port = original.port();
-    let tls = match port {
-        443 => true,
-        80 => false,
-        other => return Err(refuse(None, format!("port {other} is not proxied"))),
+    let allowed_address = |ip: Ipv4Addr| {
+        rules.allows_address(ip) && !shared.denied.iter().any(|cidr| cidr.contains(ip))
     };
+    let names_matter = !rules.allow_hosts.is_empty() || !rules.header_rules.is_empty();
+    if !(names_matter && matches!(port, 80 | 443)) {
+        // Only a sandbox with its own SOCKS5 proxy has such connections sent here: all its TCP.
+        let Some(upstream) = &rules.upstream else {
+            return Err(refuse(None, format!("port {port} is not proxied")));
+        };
+        if !allowed_address(*original.ip()) {
+            return Err(refuse(
+                None,
+                format!("{original} is not allowed by the sandbox's rules"),
+            ));
+        }
+        let target = Target::Address(original);
+        let mut server = dial(
+            upstream,
+            resolver,
+            &shared.denied,
+            &shared.upstream_tls,
+            &target,
+        )
+        .await
+        .map_err(|reason| refuse(None, reason))?;
+        tracing::debug!(sandbox = %source, %target, "egress proxy tunneling");
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+        return Ok(());
+    }
+    let tls = port == 443;
     let (name, head) =
         match tokio::time::timeout(HANDSHAKE_TIMEOUT, read_name(&mut client, tls)).await {
             Ok(Ok(found)) => found,
@@ -289,19 +352,34 @@ async fn relay(
         };
     let by_name = rules.allows_host(&name);
     let headers = rules.headers_for(&name).map(<[(String, String)]>::to_vec);
-    // Where the connection goes: what the proxy resolves the name to whenever the name matters (it
-    // is allowed by name, or its requests get headers: a secret never goes to an address the guest
-    // chose); otherwise the address the guest connected to, which its address rules must allow.
-    let target = if by_name || headers.is_some() {
+    // Where the connection goes: to the name whenever the name matters (it is allowed by name, or
+    // its requests get headers: a secret never goes to an address the guest chose), which the
+    // proxy resolves itself or, with the sandbox's SOCKS5 proxy, leaves to that proxy; otherwise
+    // the address the guest connected to, which its address rules must allow.
+    let resolve_here = |name: String| async move {
         tokio::time::timeout(HANDSHAKE_TIMEOUT, resolve(resolver, &name, &shared.denied))
             .await
             .map_err(|_| refuse(Some(&name), "resolving timed out"))?
-            .map_err(|reason| refuse(Some(&name), reason))?
-    } else {
-        *original.ip()
+            .map_err(|reason| refuse(Some(&name), reason))
     };
-    let by_address =
-        rules.allows_address(target) && !shared.denied.iter().any(|cidr| cidr.contains(target));
+    let (target, by_address) = if by_name || headers.is_some() {
+        if rules.upstream.is_some() {
+            // A name with header rules only (not allowed by name) still needs its address allowed,
+            // which only matters when something is denied.
+            let by_address = by_name
+                || rules.deny.is_empty()
+                || allowed_address(resolve_here(name.clone()).await?);
+            (Target::Name(name.clone(), port), by_address)
+        } else {
+            let ip = resolve_here(name.clone()).await?;
+            (
+                Target::Address(SocketAddrV4::new(ip, port)),
+                allowed_address(ip),
+            )
+        }
+    } else {
+        (Target::Address(original), allowed_address(*original.ip()))
+    };
     if !by_name && !by_address {
         if !tls {
             let _ = client
@@ -316,6 +394,26 @@ async fn relay(
         }
         return Err(refuse(Some(&name), "not in allowOut"));
     }
+    let mut server: Box<dyn Io> = match (&rules.upstream, &target) {
+        (Some(upstream), _) => dial(
+            upstream,
+            resolver,
+            &shared.denied,
+            &shared.upstream_tls,
+            &target,
+        )
+        .await
+        .map_err(|reason| refuse(Some(&name), reason))?,
+        (None, Target::Address(addr)) => Box::new(
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| refuse(Some(&name), format!("connect to {addr} timed out")))?
+                .map_err(|e| refuse(Some(&name), format!("connect to {addr}: {e}")))?,
+        ),
+        (None, Target::Name(..)) => {
+            return Err(refuse(Some(&name), "a name target needs a SOCKS5 proxy"))
+        }
+    };
     if let Some(headers) = headers {
         let tls = if tls {
             let server = shared
@@ -326,12 +424,12 @@ async fn relay(
         } else {
             None
         };
-        tracing::debug!(sandbox = %source, %name, %target, port, "egress proxy adding headers");
+        tracing::debug!(sandbox = %source, %name, %target, "egress proxy adding headers");
         return intercept(
             Prefixed::new(head, client),
             Interception {
                 name: name.clone(),
-                target: SocketAddr::from((target, port)),
+                server,
                 headers,
                 tls,
             },
@@ -339,15 +437,11 @@ async fn relay(
         .await
         .map_err(|reason| refuse(Some(&name), reason));
     }
-    let mut server = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect((target, port)))
-        .await
-        .map_err(|_| refuse(Some(&name), format!("connect to {target}:{port} timed out")))?
-        .map_err(|e| refuse(Some(&name), format!("connect to {target}:{port}: {e}")))?;
     server
         .write_all(&head)
         .await
         .map_err(|e| refuse(Some(&name), format!("send to {target}: {e}")))?;
-    tracing::debug!(sandbox = %source, %name, %target, port, "egress proxy relaying");
+    tracing::debug!(sandbox = %source, %name, %target, "egress proxy relaying");
     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
     Ok(())
 }

@@ -633,7 +633,8 @@ fn egress_script(ip: Ipv4Addr, rules: &EgressRules) -> String {
 /// The sandbox's nat chain `en-X-Y`, entered from chain `prerouting` through map `egress_names`:
 /// connections to allowed networks pass untouched (`return`), and TCP connections to ports 80 and 443
 /// of a denied network go to the egress proxy at `proxy`, which lets through only the allowed host
-/// names. Without host names, or without anything denied (then every name is allowed anyway), the
+/// names. With header rules, all TCP to ports 80 and 443 goes to the proxy; with a SOCKS5 proxy of
+/// the sandbox's own, all TCP. Without host names, or without anything denied (then every name is allowed anyway), the
 /// chain and its map element are removed.
 pub(crate) fn egress_names_script(
     ip: Ipv4Addr,
@@ -643,6 +644,17 @@ pub(crate) fn egress_names_script(
     let chain = super::veth_name("en", ip);
     let element = format!("{{ {ip} : jump {chain} }}");
     let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
+    if rules.upstream.is_some() {
+        // Every TCP connection goes through the proxy, which applies the address and name rules
+        // itself and tunnels what they allow through the sandbox's SOCKS5 proxy. DNS to the host's
+        // resolvers stays as it is (UDP is never tunneled; TCP 53 follows it).
+        script.push_str(&format!(
+            "add rule ip {TABLE} {chain} ip daddr . meta l4proto . th dport @resolvers return\n\
+             add rule ip {TABLE} {chain} meta l4proto tcp dnat to {proxy}\n\
+             add element ip {TABLE} egress_names {element}\n"
+        ));
+        return script;
+    }
     if !rules.header_rules.is_empty() {
         // Requests to hosts with header rules must reach the proxy wherever the guest sends them
         // (it cannot know their addresses); the proxy applies the address rules itself.
@@ -768,6 +780,7 @@ mod tests {
             allow_hosts: vec![HostPattern::Exact("api.example.com".into())],
             deny: vec![everything],
             header_rules: vec![],
+            upstream: None,
         };
         let script = egress_names_script(ip, &rules, proxy);
         let allowed = script
@@ -812,6 +825,27 @@ mod tests {
             "{script}"
         );
         assert!(!script.contains("return"), "{script}");
+        // A SOCKS5 proxy of the sandbox's own: all TCP goes to the proxy, DNS to the host's
+        // resolvers excepted, whatever else the rules say.
+        let tunneled = EgressRules {
+            upstream: Some(crate::network::egress::UpstreamProxy {
+                host: "proxy.example.com".into(),
+                port: 1080,
+                username: None,
+                password: None,
+                tls: None,
+            }),
+            ..rules.clone()
+        };
+        let script = egress_names_script(ip, &tunneled, proxy);
+        let dns = script
+            .find("en-1-2 ip daddr . meta l4proto . th dport @resolvers return")
+            .expect("DNS to the host's resolvers stays direct");
+        let all = script
+            .find("en-1-2 meta l4proto tcp dnat to 10.77.0.1:49090")
+            .expect("all TCP goes to the proxy");
+        assert!(dns < all, "{script}");
+        assert!(!script.contains("198.51.100.0/24"), "{script}");
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod egress;
 pub mod egress_ca;
 mod egress_intercept;
 pub mod egress_proxy;
+pub mod egress_upstream;
 pub mod firewall;
 pub mod netlink;
 pub mod requested_name;

@@ -18,8 +18,12 @@ use super::AppState;
 use crate::lifecycle::monitor::{cpu_count, sample_of};
 use crate::lifecycle::state::SandboxState;
 use crate::lifecycle::{CreateRequest, IdempotencyKey, LogItem, ResumeOutcome};
-use crate::store::{LogLevel, LogQuery, MetricSample, Millis, SandboxFilter, SandboxRecord};
-use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
+use crate::store::{
+    LogLevel, LogQuery, MetricSample, Millis, SandboxFilter, SandboxIngress, SandboxRecord,
+};
+use warren_runtime::network::egress::{
+    Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy, UpstreamTls,
+};
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -151,11 +155,30 @@ fn network_detail(record: &SandboxRecord) -> api::SandboxNetwork {
             )
         })
         .collect();
+    // The proxy as E2B shows it: never its password nor its CA certificate.
+    let egress_proxy = egress.upstream.as_ref().map(|upstream| {
+        let mut shown = serde_json::json!({"address": upstream.address()});
+        if let Some(user) = &upstream.username {
+            shown["username"] = user.clone().into();
+        }
+        if let Some(tls) = &upstream.tls {
+            let mut shown_tls = serde_json::json!({"enabled": true});
+            if let Some(name) = &tls.server_name {
+                shown_tls["serverName"] = name.clone().into();
+            }
+            shown["tls"] = shown_tls;
+        }
+        shown
+    });
     api::SandboxNetwork {
         allow_public_traffic: Some(record.traffic_access_token.is_none()),
         allow_out: (!allow.is_empty()).then_some(allow),
         deny_out: (!deny.is_empty()).then_some(deny),
         rules: (!rules.is_empty()).then_some(serde_json::Value::Object(rules)),
+        egress_proxy,
+        mask_request_host: record.ingress.mask_request_host.clone(),
+        https_ports: (!record.ingress.https_ports.is_empty())
+            .then(|| record.ingress.https_ports.clone()),
         ..api::SandboxNetwork::default()
     }
 }
@@ -175,11 +198,7 @@ fn create_request(
              (SDK: on_timeout mode \"filesystem\" / keep_memory=False); leave autoPauseMemory unset or true",
         ));
     }
-    let mut unsupported: Vec<&str> = body
-        .network
-        .as_ref()
-        .map(api::SandboxNetwork::requested_fields)
-        .unwrap_or_default();
+    let mut unsupported: Vec<&str> = Vec::new();
     for (name, value) in [
         ("mcp", &body.mcp),
         ("iam", &body.iam),
@@ -201,12 +220,21 @@ fn create_request(
             network.deny_out.as_deref(),
             network.dns_servers.as_deref(),
             network.rules.as_ref(),
+            network.egress_proxy.as_ref(),
         )?,
         None => EgressRules::default(),
+    };
+    let ingress = match body.network.as_ref() {
+        Some(network) => ingress(
+            network.mask_request_host.as_deref(),
+            network.https_ports.as_deref(),
+        )?,
+        None => SandboxIngress::default(),
     };
     Ok(CreateRequest {
         team_id: key.team().to_string(),
         egress,
+        ingress,
         template,
         timeout: body.timeout,
         auto_pause: body.auto_pause.unwrap_or(false),
@@ -459,9 +487,61 @@ async fn update_network(
         body.deny_out.as_deref(),
         body.dns_servers.as_deref(),
         body.rules.as_ref(),
+        body.egress_proxy.as_ref(),
     )?;
     state.lifecycle.set_egress(&id, rules).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Most `httpsPorts` entries.
+const MAX_HTTPS_PORTS: usize = 64;
+
+/// `network.maskRequestHost` (a `host[:port]` with `${PORT}` for the port a request is for) and
+/// `network.httpsPorts`; anything malformed is a 400 naming the field.
+fn ingress(mask: Option<&str>, https_ports: Option<&[u16]>) -> Result<SandboxIngress, ApiError> {
+    let mask = match mask {
+        None => None,
+        Some(mask) => {
+            let mask = mask.trim();
+            let example = mask.replace("${PORT}", "65535");
+            let (host, port) = match example.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (example.as_str(), None),
+            };
+            let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p != 0));
+            let host_ok = host.parse::<std::net::Ipv4Addr>().is_ok()
+                || warren_runtime::network::egress::is_host_name(host);
+            if mask.is_empty() || mask.len() > 255 || !port_ok || !host_ok {
+                return Err(ApiError::bad_request(format!(
+                    "network.maskRequestHost: {mask:?} is not a host[:port] (a host name or IPv4 \
+                     address, ${{PORT}} standing for the port)"
+                )));
+            }
+            Some(mask.to_string())
+        }
+    };
+    let mut ports: Vec<u16> = Vec::new();
+    let given = https_ports.unwrap_or_default();
+    if given.len() > MAX_HTTPS_PORTS {
+        return Err(ApiError::bad_request(format!(
+            "network.httpsPorts has {} entries; at most {MAX_HTTPS_PORTS}",
+            given.len()
+        )));
+    }
+    for &port in given {
+        if port == 0 || port == warren_runtime::AGENT_PORT {
+            return Err(ApiError::bad_request(format!(
+                "network.httpsPorts: {port} is not a port of the sandbox's own services"
+            )));
+        }
+        if !ports.contains(&port) {
+            ports.push(port);
+        }
+    }
+    Ok(SandboxIngress {
+        mask_request_host: mask,
+        https_ports: ports,
+    })
 }
 
 /// Most `dnsServers` entries, as in E2B.
@@ -475,7 +555,12 @@ fn egress_rules(
     deny: Option<&[String]>,
     dns_servers: Option<&[String]>,
     rules: Option<&serde_json::Value>,
+    egress_proxy: Option<&serde_json::Value>,
 ) -> Result<EgressRules, ApiError> {
+    let upstream = match egress_proxy {
+        None | Some(serde_json::Value::Null) => None,
+        Some(value) => Some(upstream_proxy(value).map_err(ApiError::bad_request)?),
+    };
     let header_rules = match rules {
         None | Some(serde_json::Value::Null) => Vec::new(),
         Some(rules) => header_rules(rules).map_err(ApiError::bad_request)?,
@@ -511,7 +596,75 @@ fn egress_rules(
         allow_hosts,
         deny,
         header_rules,
+        upstream,
     })
+}
+
+/// E2B's `network.egressProxy`: `{"address": "host:port", "username", "password", "tls": {"enabled",
+/// "serverName", "caCert"}}` (`tls` may also be a plain bool). Unknown fields are refused by name.
+fn upstream_proxy(value: &serde_json::Value) -> Result<UpstreamProxy, String> {
+    let field = "network.egressProxy";
+    let object = value
+        .as_object()
+        .ok_or_else(|| format!("{field} must be an object with an address"))?;
+    if let Some(other) = object
+        .keys()
+        .find(|k| !["address", "username", "password", "tls"].contains(&k.as_str()))
+    {
+        return Err(format!("{field}: unknown field {other:?}"));
+    }
+    let text = |name: &str| -> Result<Option<String>, String> {
+        match object.get(name) {
+            None | Some(serde_json::Value::Null) => Ok(None),
+            Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+            Some(_) => Err(format!("{field}.{name} must be a string")),
+        }
+    };
+    let address = text("address")?.ok_or_else(|| format!("{field}.address is required"))?;
+    let (host, port) = UpstreamProxy::parse_address(&address)?;
+    let tls = match object.get("tls") {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => None,
+        Some(serde_json::Value::Bool(true)) => Some(UpstreamTls::default()),
+        Some(serde_json::Value::Object(tls)) => {
+            if let Some(other) = tls
+                .keys()
+                .find(|k| !["enabled", "serverName", "caCert"].contains(&k.as_str()))
+            {
+                return Err(format!("{field}.tls: unknown field {other:?}"));
+            }
+            let tls_text = |name: &str| -> Result<Option<String>, String> {
+                match tls.get(name) {
+                    None | Some(serde_json::Value::Null) => Ok(None),
+                    Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+                    Some(_) => Err(format!("{field}.tls.{name} must be a string")),
+                }
+            };
+            let settings = UpstreamTls {
+                server_name: tls_text("serverName")?,
+                ca_cert: tls_text("caCert")?,
+            };
+            match tls.get("enabled") {
+                Some(serde_json::Value::Bool(true)) | None => Some(settings),
+                Some(serde_json::Value::Bool(false)) if settings == UpstreamTls::default() => None,
+                Some(serde_json::Value::Bool(false)) => {
+                    return Err(format!(
+                        "{field}.tls: serverName and caCert need enabled: true"
+                    ))
+                }
+                Some(_) => return Err(format!("{field}.tls.enabled must be a bool")),
+            }
+        }
+        Some(_) => return Err(format!("{field}.tls must be a bool or an object")),
+    };
+    let upstream = UpstreamProxy {
+        host,
+        port,
+        username: text("username")?,
+        password: text("password")?,
+        tls,
+    };
+    upstream.validate()?;
+    Ok(upstream)
 }
 
 /// Most hosts in `network.rules`, and headers per host.

@@ -13,6 +13,8 @@ pub struct TrafficRoute {
     pub ip: Ipv4Addr,
     /// A private sandbox's traffic access token: requests to its user ports must carry it.
     pub traffic_token: Option<String>,
+    /// The `Host` its services see and which of its ports speak TLS.
+    pub ingress: crate::store::SandboxIngress,
 }
 
 /// One sandbox's entry.
@@ -34,6 +36,7 @@ impl Route {
         Route::Live(TrafficRoute {
             ip,
             traffic_token: record.traffic_access_token.clone(),
+            ingress: record.ingress.clone(),
         })
     }
 }
@@ -70,6 +73,7 @@ mod tests {
         let live = Route::Live(TrafficRoute {
             ip,
             traffic_token: None,
+            ingress: Default::default(),
         });
         table.set("a", Some(live.clone()));
         assert_eq!(table.get("a"), Some(live));

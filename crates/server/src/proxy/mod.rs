@@ -1,8 +1,10 @@
 //! The sandbox proxy: one listener; each request goes to `<sandbox ip>:<port>` of the sandbox it names.
 //! HTTP/1.1 and HTTP/2 (h2c) downstream, streaming bodies both ways, websockets and other upgrades. Built
 //! on hyper directly to keep the path short. Headers (envd's access token included) pass through untouched
-//! apart from hop-by-hop ones; the agent does its own token checks.
+//! apart from hop-by-hop ones and, for a sandbox with `network.maskRequestHost`, `Host`; the agent does
+//! its own token checks. Ports in the sandbox's `network.httpsPorts` are spoken to over TLS.
 
+mod backend_tls;
 mod signed_url;
 pub mod target;
 
@@ -191,6 +193,13 @@ impl Proxy {
                 );
             }
         }
+        // `network.maskRequestHost`: the Host the sandbox's services see.
+        if let Some(host) = route.ingress.host_for(target.port) {
+            if let Ok(value) = HeaderValue::from_str(&host) {
+                parts.headers.insert(HOST, value);
+            }
+        }
+        let https = route.ingress.is_https(target.port);
         let addr = SocketAddr::from((route.ip, target.port));
         let request = Request::from_parts(parts, body);
         let open = self
@@ -199,9 +208,13 @@ impl Proxy {
             .begin(&target.sandbox_id, now_millis());
         let response =
             if request.headers().contains_key(UPGRADE) && request.version() == Version::HTTP_11 {
-                self.forward_upgrade(request, addr, &target, open).await
+                self.forward_upgrade(request, addr, https, &target, open)
+                    .await
             } else {
-                let (parts, body) = self.forward(request, addr, &target).await.into_parts();
+                let (parts, body) = self
+                    .forward(request, addr, https, &target)
+                    .await
+                    .into_parts();
                 let body = Guarded {
                     inner: body,
                     _open: open,
@@ -253,6 +266,7 @@ impl Proxy {
         &self,
         request: Request<Incoming>,
         addr: SocketAddr,
+        https: bool,
         target: &Target,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
@@ -282,13 +296,45 @@ impl Proxy {
         }
         parts.version = Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers, false);
-        match self.client.request(Request::from_parts(parts, body)).await {
+        let sent = if https {
+            // A connection of its own per request: TLS to the port, HTTP/1.1 over it.
+            let host = parts
+                .headers
+                .get(HOST)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string);
+            let stream = match open_backend(addr, true, host.as_deref(), target).await {
+                Ok(stream) => stream,
+                Err(response) => return response,
+            };
+            if let Some(path) = parts.uri.path_and_query() {
+                if let Ok(uri) = path.as_str().parse() {
+                    parts.uri = uri;
+                }
+            }
+            match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+                Ok((mut sender, connection)) => {
+                    tokio::spawn(async move {
+                        let _ = connection.await;
+                    });
+                    sender.send_request(Request::from_parts(parts, body)).await
+                }
+                Err(_) => return port_closed(target),
+            }
+            .map_err(UpstreamFailure::Tls)
+        } else {
+            self.client
+                .request(Request::from_parts(parts, body))
+                .await
+                .map_err(UpstreamFailure::Pooled)
+        };
+        match sent {
             Ok(response) => {
                 let (mut parts, body) = response.into_parts();
                 strip_hop_by_hop(&mut parts.headers, false);
                 Response::from_parts(parts, body.boxed())
             }
-            Err(error) if error.is_connect() => port_closed(target),
+            Err(UpstreamFailure::Pooled(error)) if error.is_connect() => port_closed(target),
             Err(error) => {
                 tracing::debug!(sandbox = %target.sandbox_id, port = target.port, %error, "upstream request failed");
                 error_response(
@@ -308,15 +354,20 @@ impl Proxy {
         &self,
         mut request: Request<Incoming>,
         addr: SocketAddr,
+        https: bool,
         target: &Target,
         open: ActivityGuard,
     ) -> Response<ProxyBody> {
         let client_upgrade = hyper::upgrade::on(&mut request);
-        let stream = match TcpStream::connect(addr).await {
+        let host = request
+            .headers()
+            .get(HOST)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_string);
+        let stream = match open_backend(addr, https, host.as_deref(), target).await {
             Ok(stream) => stream,
-            Err(_) => return port_closed(target),
+            Err(response) => return response,
         };
-        let _ = stream.set_nodelay(true);
         let (mut sender, connection) =
             match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
                 Ok(handshake) => handshake,
@@ -366,6 +417,63 @@ impl Proxy {
         }
         let (parts, body) = response.into_parts();
         Response::from_parts(parts, body.boxed())
+    }
+}
+
+/// How a request to a sandbox's port failed: on the pooled plain-HTTP client, or on a connection of
+/// its own over TLS.
+#[derive(Debug)]
+enum UpstreamFailure {
+    Pooled(hyper_util::client::legacy::Error),
+    Tls(hyper::Error),
+}
+
+impl std::fmt::Display for UpstreamFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UpstreamFailure::Pooled(error) => write!(f, "{error}"),
+            UpstreamFailure::Tls(error) => write!(f, "{error}"),
+        }
+    }
+}
+
+trait BackendIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> BackendIo for T {}
+
+/// A connection to a sandbox's port: plain TCP, or TLS when the port is one of its `httpsPorts`
+/// (SNI from `host` when that is a name).
+async fn open_backend(
+    addr: SocketAddr,
+    https: bool,
+    host: Option<&str>,
+    target: &Target,
+) -> Result<Box<dyn BackendIo>, Response<ProxyBody>> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|_| port_closed(target))?;
+    let _ = stream.set_nodelay(true);
+    if !https {
+        return Ok(Box::new(stream));
+    }
+    let name = backend_tls::server_name(host, addr.ip());
+    let failed = |why: String| {
+        error_response(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "TLS to port {} of sandbox {} failed (it is one of the sandbox's httpsPorts): {why}",
+                target.port, target.sandbox_id
+            ),
+        )
+    };
+    match tokio::time::timeout(
+        Duration::from_secs(10),
+        backend_tls::connector().connect(name, stream),
+    )
+    .await
+    {
+        Ok(Ok(tls)) => Ok(Box::new(tls)),
+        Ok(Err(error)) => Err(failed(error.to_string())),
+        Err(_) => Err(failed("no handshake within 10 s".into())),
     }
 }
 

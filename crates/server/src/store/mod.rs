@@ -20,6 +20,37 @@ use crate::lifecycle::state::SandboxState;
 
 pub use sqlite::SqliteStore;
 
+/// How the proxy talks to a sandbox's ports: E2B's `network.maskRequestHost` (the `Host` the
+/// sandbox's services see, `${PORT}` standing for the port) and `network.httpsPorts` (ports whose
+/// service speaks TLS itself: the proxy ends the client's connection and opens TLS to the port,
+/// without checking its certificate).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxIngress {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub https_ports: Vec<u16>,
+}
+
+impl SandboxIngress {
+    /// The `Host` a request to `port` carries into the sandbox, when a mask is set.
+    pub fn host_for(&self, port: u16) -> Option<String> {
+        self.mask_request_host
+            .as_ref()
+            .map(|mask| mask.replace("${PORT}", &port.to_string()))
+    }
+
+    /// Whether the service on `port` is spoken to over TLS.
+    pub fn is_https(&self, port: u16) -> bool {
+        self.https_ports.contains(&port)
+    }
+
+    pub fn is_default(&self) -> bool {
+        *self == SandboxIngress::default()
+    }
+}
+
 /// Unix time in milliseconds.
 pub type Millis = i64;
 
@@ -207,6 +238,8 @@ pub struct SandboxRecord {
     pub egress: warren_runtime::network::egress::EgressRules,
     /// The sandbox's own monitor policies (over the server's defaults).
     pub policies: warren_proto::api::SandboxPolicies,
+    /// How the proxy talks to the sandbox's ports.
+    pub ingress: SandboxIngress,
     pub ip: Option<Ipv4Addr>,
     pub init_pid: Option<u32>,
     pub pause_kind: Option<PauseKind>,

@@ -21,7 +21,7 @@ use super::{
     TemplateTag, TransitionUpdate, WebhookRecord, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
-use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern};
+use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy};
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -97,8 +97,8 @@ fn api_key_from_row(row: &SqliteRow) -> Result<ApiKeyRecord, StoreError> {
     })
 }
 
-/// `{"allow": [...], "allowHosts": [...], "deny": [...]}` of CIDR and host-pattern strings; None
-/// for no rules.
+/// `{"allow": [...], "allowHosts": [...], "deny": [...], "headerRules": [...], "upstream": {...}}`
+/// of CIDR and host-pattern strings, header rules and the SOCKS5 proxy; None for no rules.
 fn egress_to_json(egress: &EgressRules) -> Option<String> {
     if egress.is_empty() {
         return None;
@@ -112,6 +112,7 @@ fn egress_to_json(egress: &EgressRules) -> Option<String> {
             "host": rule.pattern.to_string(),
             "headers": rule.headers,
         })).collect::<Vec<_>>(),
+        "upstream": egress.upstream,
     })))
 }
 
@@ -127,6 +128,8 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
         deny: Vec<String>,
         #[serde(default, rename = "headerRules")]
         header_rules: Vec<StoredHeaderRule>,
+        #[serde(default)]
+        upstream: Option<UpstreamProxy>,
     }
     #[derive(serde::Deserialize)]
     struct StoredHeaderRule {
@@ -169,6 +172,7 @@ fn egress_from_json(id: &str, text: Option<String>) -> Result<EgressRules, Store
         allow_hosts,
         deny: parse(&stored.deny)?,
         header_rules,
+        upstream: stored.upstream,
     })
 }
 
@@ -260,6 +264,12 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         policies: match row.try_get::<Option<String>, _>("policies")? {
             Some(text) => {
                 serde_json::from_str(&text).map_err(|e| corrupt("sandbox policies", &id, e))?
+            }
+            None => Default::default(),
+        },
+        ingress: match row.try_get::<Option<String>, _>("ingress")? {
+            Some(text) => {
+                serde_json::from_str(&text).map_err(|e| corrupt("sandbox ingress", &id, e))?
             }
             None => Default::default(),
         },
@@ -763,8 +773,8 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress, policies) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress, policies, ingress) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -792,6 +802,7 @@ impl Store for SqliteStore {
         .bind(&s.traffic_access_token)
         .bind(egress_to_json(&s.egress))
         .bind((s.policies != Default::default()).then(|| to_json(&s.policies)))
+        .bind((!s.ingress.is_default()).then(|| to_json(&s.ingress)))
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -1131,6 +1142,7 @@ mod tests {
             traffic_access_token: None,
             egress: EgressRules::default(),
             policies: Default::default(),
+            ingress: Default::default(),
             ip: None,
             init_pid: None,
             pause_kind: None,

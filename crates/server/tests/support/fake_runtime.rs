@@ -96,6 +96,15 @@ impl FakeRuntime {
             .collect()
     }
 
+    /// The loopback address a live sandbox answers on.
+    pub fn ip_of(&self, id: &str) -> Option<Ipv4Addr> {
+        self.sandboxes
+            .lock()
+            .unwrap()
+            .get(id)
+            .map(|fake| fake.sandbox.ip)
+    }
+
     /// Start a sandbox the server does not know about (for reconciliation tests).
     pub fn start_untracked(&self, id: &str) {
         let spec = SandboxSpec {

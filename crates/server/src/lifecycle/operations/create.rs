@@ -30,6 +30,8 @@ pub struct CreateRequest {
     pub private_traffic: bool,
     /// `network.allowOut` / `denyOut` by address.
     pub egress: EgressRules,
+    /// `network.maskRequestHost` / `httpsPorts`.
+    pub ingress: crate::store::SandboxIngress,
     pub allow_internet: Option<bool>,
     pub metadata: BTreeMap<String, String>,
     pub env_vars: BTreeMap<String, String>,
@@ -128,6 +130,7 @@ impl Lifecycle {
             envd_access_token: request.secure.then(new_access_token),
             traffic_access_token: request.private_traffic.then(new_access_token),
             egress: request.egress,
+            ingress: request.ingress,
             policies: crate::lifecycle::monitor::merge_policies(&source.policies, request.policies),
             ip: None,
             init_pid: None,
@@ -137,6 +140,7 @@ impl Lifecycle {
             end_at: now + timeout,
             updated_at: now,
         };
+        self.check_egress(&record.id, &record.egress).await?;
         let record = self.admit_and_start(record, &source).await?;
         if source.counts_as_template_spawn {
             if let Err(error) = self

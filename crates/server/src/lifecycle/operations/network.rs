@@ -12,6 +12,7 @@ impl Lifecycle {
     /// its next resume on a paused one; kept in the store either way.
     pub async fn set_egress(&self, id: &str, rules: EgressRules) -> Result<(), LifecycleError> {
         let (_held, record) = self.lock_live(id).await?;
+        self.check_egress(id, &rules).await?;
         let updated = SandboxRecord {
             egress: rules,
             ..record.clone()
@@ -37,11 +38,35 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Checks on the host what only the host can check of new egress rules (a SOCKS5 proxy's address
+    /// must resolve to somewhere sandboxes may reach), before they are given to a sandbox.
+    pub(crate) async fn check_egress(
+        &self,
+        id: &str,
+        rules: &EgressRules,
+    ) -> Result<(), LifecycleError> {
+        if rules.upstream.is_none() {
+            return Ok(());
+        }
+        let spec = warren_runtime::NetworkSpec {
+            allow_internet: true,
+            raw_sockets: false,
+            egress: rules.clone(),
+        };
+        self.on_runtime(move |runtime| runtime.check_network(&spec))
+            .await
+            .map_err(|source| LifecycleError::Runtime {
+                action: "check the egress proxy of",
+                id: id.to_string(),
+                source,
+            })
+    }
+
     /// Gives an adopted sandbox its network rules again: nftables kept them across the restart, but
     /// the egress proxy's host-name and header rules lived in the old process. Without this its
     /// allowed names would be refused (the proxy fails closed), never wrongly allowed.
     pub(crate) async fn reinstall_network(&self, record: &SandboxRecord) {
-        if record.egress.allow_hosts.is_empty() && record.egress.header_rules.is_empty() {
+        if !record.egress.needs_proxy() {
             return;
         }
         let spec = network_spec(record);
@@ -65,6 +90,7 @@ impl Lifecycle {
             record.ip.map(|ip| TrafficRoute {
                 ip,
                 traffic_token: record.traffic_access_token.clone(),
+                ingress: record.ingress.clone(),
             })
         };
         let record = match self.store.get_sandbox(id).await? {
@@ -105,17 +131,24 @@ impl Lifecycle {
 /// with allowed networks goes out for those only.
 pub(super) fn network_spec(record: &SandboxRecord) -> warren_runtime::NetworkSpec {
     let mut egress = record.egress.clone();
+    let everything = Cidr {
+        network: std::net::Ipv4Addr::UNSPECIFIED,
+        prefix: 0,
+    };
     let internet = match record.allow_internet {
-        Some(false) if egress.allow.is_empty() && egress.allow_hosts.is_empty() => false,
         Some(false) => {
-            let everything = Cidr {
-                network: std::net::Ipv4Addr::UNSPECIFIED,
-                prefix: 0,
-            };
+            // The deny-all is what the egress proxy judges redirected connections by (header rules
+            // and a SOCKS5 proxy send TCP to it whatever the internet set says).
             if !egress.deny.contains(&everything) {
                 egress.deny.push(everything);
             }
-            true
+            if egress.allow.is_empty() && egress.allow_hosts.is_empty() {
+                // Nothing may leave, so there is nothing to tunnel either.
+                egress.upstream = None;
+                false
+            } else {
+                true
+            }
         }
         _ => true,
     };
