@@ -112,11 +112,20 @@ impl LayerDisk {
         is_mount_point(&self.mount_point)
     }
 
-    /// Unmounts the layer; the loop device detaches itself.
+    /// Unmounts the layer; the loop device detaches itself (waited for, so that a destroyed
+    /// sandbox leaves no device behind).
     pub fn unmount(&self) -> Result<(), LayerDiskError> {
         if !self.is_mounted() {
             return Ok(());
         }
+        self.unmount_mount()?;
+        if !loop_device::wait_detached(&self.image, std::time::Duration::from_secs(5)) {
+            tracing::warn!(image = %self.image.display(), "the layer's loop device is still attached 5 s after the unmount");
+        }
+        Ok(())
+    }
+
+    fn unmount_mount(&self) -> Result<(), LayerDiskError> {
         // A sandbox mount namespace that is just going away can still hold the mount for a moment.
         for _ in 0..200 {
             match umount2(&self.mount_point, MntFlags::empty()) {

@@ -150,6 +150,22 @@ pub fn attach(image: &Path) -> Result<LoopDevice, LoopError> {
     })
 }
 
+/// Waits (at most `limit`) until no loop device is backed by `image`: autoclear detaches a device
+/// when its last user lets go, which may be a sandbox's mount namespace that is still going away
+/// after the host's unmount. Whether it is gone.
+pub fn wait_detached(image: &Path, limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if devices_backed_under(image).is_empty() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Loop devices whose backing file lies under `dir` (for leak checks and cleanup).
 pub fn devices_backed_under(dir: &Path) -> Vec<PathBuf> {
     let mut found = Vec::new();
