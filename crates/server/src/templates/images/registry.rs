@@ -250,6 +250,18 @@ impl RegistryClient {
                 source,
             }
         };
+        let limit = max_layer_bytes();
+        let declared = u64::try_from(layer.size).unwrap_or(u64::MAX);
+        if declared > limit {
+            return Err(RegistryError::Pull {
+                image: image.image.clone(),
+                message: format!(
+                    "layer {} is {declared} bytes, above the limit of {limit} \
+                     (WARREN_MAX_IMAGE_LAYER_BYTES)",
+                    layer.digest
+                ),
+            });
+        }
         let file =
             std::fs::File::create(dest).map_err(io(format!("creating {}", dest.display())))?;
         let descriptor = OciDescriptor {
@@ -262,13 +274,75 @@ impl RegistryClient {
             client
                 .auth(&reference, &auth, RegistryOperation::Pull)
                 .await?;
-            let mut out = tokio::fs::File::from_std(file);
+            // The digest is checked only at the end: a registry that streams more than the layer's
+            // declared size is cut off at that size rather than left to fill the disk.
+            let mut out = Bounded::new(tokio::fs::File::from_std(file), declared);
             client.pull_blob(&reference, &descriptor, &mut out).await?;
             tokio::io::AsyncWriteExt::flush(&mut out).await?;
-            out.sync_all().await?;
+            out.inner.sync_all().await?;
             Ok::<(), oci_client::errors::OciDistributionError>(())
         })?
         .map_err(|e| pull_error(&image.image, e))
+    }
+}
+
+/// The largest layer blob a pull takes: `WARREN_MAX_IMAGE_LAYER_BYTES`, 8 GiB by default.
+fn max_layer_bytes() -> u64 {
+    std::env::var("WARREN_MAX_IMAGE_LAYER_BYTES")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(8 << 30)
+}
+
+/// A writer that takes at most `limit` bytes; more is an error, and nothing past the limit is
+/// written.
+struct Bounded<W> {
+    inner: W,
+    written: u64,
+    limit: u64,
+}
+
+impl<W> Bounded<W> {
+    fn new(inner: W, limit: u64) -> Bounded<W> {
+        Bounded {
+            inner,
+            written: 0,
+            limit,
+        }
+    }
+}
+
+impl<W: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Bounded<W> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.written + data.len() as u64 > self.limit {
+            let limit = self.limit;
+            return std::task::Poll::Ready(Err(std::io::Error::other(format!(
+                "the registry sent more than the layer's declared {limit} bytes"
+            ))));
+        }
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, data);
+        if let std::task::Poll::Ready(Ok(n)) = &polled {
+            self.written += *n as u64;
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -338,6 +412,24 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_blob_longer_than_declared_is_cut_off_at_its_size() {
+        use tokio::io::AsyncWriteExt;
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut exact = Bounded::new(Vec::new(), 8);
+            exact.write_all(b"12345678").await.unwrap();
+            assert_eq!(exact.inner, b"12345678");
+            let mut over = Bounded::new(Vec::new(), 8);
+            over.write_all(b"1234").await.unwrap();
+            let error = over.write_all(b"56789").await.unwrap_err();
+            assert!(error.to_string().contains("declared 8 bytes"), "{error}");
+            assert_eq!(over.inner, b"1234", "nothing past the limit is written");
+        });
+    }
 
     #[test]
     fn loopback_registries_use_plain_http_and_others_do_not() {
