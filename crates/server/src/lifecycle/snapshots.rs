@@ -165,6 +165,8 @@ impl Lifecycle {
                 cold_start: None,
                 privileges: Default::default(),
                 policies: source.policies.clone(),
+                // The fork's record carries the source's environment; its agent keeps the directory.
+                defaults: Default::default(),
             },
             Err(error) => {
                 remove_snapshot(&dir).await;

@@ -67,6 +67,18 @@ pub(crate) struct StartSource {
     pub privileges: TemplatePrivileges,
     /// The template's monitor policies, which the sandbox's own go over.
     pub policies: warren_proto::api::SandboxPolicies,
+    /// What commands in a new sandbox start with, as `docker exec` in a container of the image:
+    /// the template's environment (ENV, the image's Env) and working directory.
+    pub defaults: TemplateDefaults,
+}
+
+/// The environment and working directory a template's build ended with; a new sandbox's commands
+/// start with them (the create's `envVars` over the environment; a command's own `cwd` over the
+/// directory).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct TemplateDefaults {
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
 }
 
 /// How a sandbox of a built template begins.
@@ -74,6 +86,7 @@ struct TemplateStartPlan {
     checkpoint: Option<PathBuf>,
     cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
     privileges: TemplatePrivileges,
+    defaults: TemplateDefaults,
 }
 
 /// How a sandbox of a built template begins: the checkpoint its build left (start command running,
@@ -86,9 +99,15 @@ fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateS
             checkpoint: None,
             cold_start: None,
             privileges: TemplatePrivileges::default(),
+            defaults: TemplateDefaults::default(),
         };
     };
     let privileges = built.privileges;
+    // A build that never set WORKDIR ends in `/`; then commands keep E2B's default, the user's home.
+    let defaults = TemplateDefaults {
+        env: built.env.clone(),
+        workdir: (built.workdir != "/").then(|| built.workdir.clone()),
+    };
     let (checkpoint, cold_start) = match &built.start {
         crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
             (Some(dir.clone()), None)
@@ -100,6 +119,7 @@ fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateS
         checkpoint,
         cold_start,
         privileges,
+        defaults,
     }
 }
 
@@ -120,7 +140,12 @@ impl Lifecycle {
             state: SandboxState::Creating,
             state_reason: None,
             metadata: request.metadata,
-            env_vars: request.env_vars,
+            // Kept with the sandbox, so a resume gives the agent the same environment again.
+            env_vars: {
+                let mut env = source.defaults.env.clone();
+                env.extend(request.env_vars);
+                env
+            },
             vcpus: source.vcpus,
             memory_mib: source.memory_mib,
             disk_mib: source.disk_mib,
@@ -239,7 +264,12 @@ impl Lifecycle {
             }
         };
         if let Err(error) = self
-            .init_agent_of(&record, &sandbox, source.agent_token.as_deref())
+            .init_agent_at(
+                &record,
+                sandbox.agent_addr(),
+                source.agent_token.as_deref(),
+                source.defaults.workdir.clone(),
+            )
             .await
         {
             let id = record.id.clone();
@@ -304,6 +334,7 @@ impl Lifecycle {
                     cold_start: start.cold_start,
                     privileges: start.privileges,
                     policies: template.policies.clone(),
+                    defaults: start.defaults,
                 })
             }
             Err(LifecycleError::TemplateNotFound(name)) => {
@@ -324,6 +355,7 @@ impl Lifecycle {
                     cold_start: None,
                     privileges: TemplatePrivileges::default(),
                     policies: Default::default(),
+                    defaults: TemplateDefaults::default(),
                 })
             }
             Err(other) => Err(other),
@@ -365,17 +397,19 @@ impl Lifecycle {
         sandbox: &Sandbox,
         previous_token: Option<&str>,
     ) -> Result<(), LifecycleError> {
-        self.init_agent_at(record, sandbox.agent_addr(), previous_token)
+        self.init_agent_at(record, sandbox.agent_addr(), previous_token, None)
             .await
     }
 
     /// `POST /init` to the agent at `addr` with what `record` gives it; a sandbox whose egress has
-    /// header rules also gets the host's egress CA to trust.
+    /// header rules also gets the host's egress CA to trust. `default_workdir` is given at create
+    /// (the agent keeps it through pause and resume).
     pub(super) async fn init_agent_at(
         &self,
         record: &SandboxRecord,
         addr: std::net::SocketAddr,
         previous_token: Option<&str>,
+        default_workdir: Option<String>,
     ) -> Result<(), LifecycleError> {
         let trusted_ca = if record.egress.header_rules.is_empty() {
             None
@@ -389,7 +423,7 @@ impl Lifecycle {
             env_vars: record.env_vars.clone(),
             access_token: record.envd_access_token.clone(),
             default_user: Some(DEFAULT_USER.to_string()),
-            default_workdir: None,
+            default_workdir,
             timestamp: Some(chrono::Utc::now()),
             warren_trusted_ca: trusted_ca,
         };

@@ -30,7 +30,7 @@ impl Lifecycle {
             // New header rules over HTTPS need the egress CA trusted inside.
             if let (false, Some(ip)) = (updated.egress.header_rules.is_empty(), updated.ip) {
                 let addr = std::net::SocketAddr::from((ip, warren_runtime::AGENT_PORT));
-                self.init_agent_at(&updated, addr, updated.envd_access_token.as_deref())
+                self.init_agent_at(&updated, addr, updated.envd_access_token.as_deref(), None)
                     .await?;
             }
         }
