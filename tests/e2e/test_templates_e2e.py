@@ -80,6 +80,12 @@ def test_build_cache_sandbox_and_delete(warren, sdk_env, tmp_path):
         # The layers are the template's: its files are there.
         result = sandbox.commands.run("ls /home/user/app")
         assert "server.py" in result.stdout.split(), result.stdout
+        # As `docker exec` in a container of the image: the Dockerfile's ENV and final WORKDIR are
+        # where commands start (a command's own env and cwd still win).
+        result = sandbox.commands.run('echo "$APP_DIR $PYTHONUNBUFFERED"; pwd')
+        assert result.stdout == "/home/user/app 1\n/home/user/app\n", result.stdout
+        result = sandbox.commands.run("echo $APP_DIR; pwd", cwd="/tmp", envs={"APP_DIR": "mine"})
+        assert result.stdout == "mine\n/tmp\n", result.stdout
 
         refused = warren.cli("template", "delete", NAME)
         assert refused.returncode == EXIT_REFUSED, refused.stdout + refused.stderr
@@ -128,3 +134,38 @@ def test_official_sdk_template_builder(sdk_env, tmp_path):
         assert sandbox.commands.run("cat /home/user/out.txt").stdout == "from-sdk-copy\n"
     finally:
         sandbox.kill()
+
+
+MULTI_STAGE = """\
+FROM debian:bookworm AS build
+RUN mkdir -p /out/sub && echo built-in-stage > /out/artifact && echo nested > /out/sub/file \\
+    && ln -s /etc/hostname /out/host-link && rm -f /out/sub/file && echo kept > /out/sub/kept \\
+    && echo stage-sentinel > /etc/wt-stage-sentinel && ln -s /etc /leak
+FROM debian:bookworm AS unused
+RUN exit 7
+FROM debian:bookworm
+COPY --from=build /out/ /opt/result/
+COPY --from=build /leak/wt-stage-sentinel /opt/sentinel
+"""
+
+
+def test_multi_stage_dockerfile_copies_out_of_a_stage(warren, sdk_env):
+    """A multi-stage e2b.Dockerfile: the template has what `COPY --from` took out of the build stage
+    (a deleted file stays deleted, a link stays a link, a path through a symlink is the stage's), and
+    a stage nothing uses is never built (its RUN would fail the build)."""
+    from e2b import Sandbox
+
+    with tempfile.TemporaryDirectory(prefix="wt-e2e-multistage-") as context:
+        Path(context, "e2b.Dockerfile").write_text(MULTI_STAGE)
+        result, _ = _build(warren, context, "--name", "wt-e2e-multistage")
+    assert result.returncode == 0, result.stdout + result.stderr
+    sandbox = Sandbox.create(template="wt-e2e-multistage", timeout=120)
+    try:
+        out = sandbox.commands.run(
+            "cat /opt/result/artifact /opt/result/sub/kept /opt/sentinel; readlink /opt/result/host-link; "
+            "test ! -e /opt/result/sub/file && test ! -e /etc/wt-stage-sentinel && echo clean"
+        ).stdout
+        assert out == "built-in-stage\nkept\nstage-sentinel\n/etc/hostname\nclean\n", out
+    finally:
+        sandbox.kill()
+    warren.cli("template", "delete", "wt-e2e-multistage", "--force")

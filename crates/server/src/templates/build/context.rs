@@ -65,6 +65,9 @@ pub struct CopyEntry {
     pub kind: EntryKind,
     /// Permission bits of the source (`--chmod` overrides them when written).
     pub mode: u32,
+    /// The source's own owner, kept when the COPY gives no `--chown` (`COPY --from` keeps owners as
+    /// Docker does; the build context's files have none and become root's).
+    pub owner: Option<(u32, u32)>,
 }
 
 /// A context directory and its ignore rules.
@@ -262,6 +265,7 @@ impl BuildContext {
                     target: dest.trim_end_matches('/').to_string(),
                     kind: EntryKind::Dir,
                     mode,
+                    owner: None,
                 });
                 let mut below = Vec::new();
                 self.walk(&source.relative, &mut below)?;
@@ -279,6 +283,7 @@ impl BuildContext {
                         target: join_target(dest, under),
                         kind,
                         mode: child_meta.permissions().mode() & 0o7777,
+                        owner: None,
                     });
                 }
             }
@@ -305,6 +310,7 @@ impl BuildContext {
                     target,
                     kind,
                     mode,
+                    owner: None,
                 });
             }
         }

@@ -144,8 +144,8 @@ pub struct Dockerfile {
     pub instructions: Vec<Instruction>,
 }
 
-/// Parses Dockerfile text. Structure only: unknown keywords, missing arguments, heredocs and multi-stage
-/// builds are errors here; everything else is checked by the planner.
+/// Parses Dockerfile text. Structure only: unknown keywords, missing arguments and heredocs are
+/// errors here; everything else (stages among it) is checked by the planner.
 pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let lines: Vec<&str> = text.lines().collect();
@@ -188,23 +188,6 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
     }
     if !instructions.iter().any(|ins| ins.keyword == Keyword::From) {
         return Err(DockerfileError::NoFrom);
-    }
-    let froms = instructions
-        .iter()
-        .filter(|ins| ins.keyword == Keyword::From)
-        .count();
-    if froms > 1 {
-        let second = instructions
-            .iter()
-            .filter(|ins| ins.keyword == Keyword::From)
-            .nth(1)
-            .map(|ins| ins.line)
-            .unwrap_or(0);
-        return Err(DockerfileError::Unsupported {
-            line: second,
-            keyword: "FROM".into(),
-            why: "multi-stage builds (a second FROM) are not supported; use one stage".into(),
-        });
     }
     Ok(Dockerfile {
         escape,
@@ -426,10 +409,14 @@ mod tests {
             parse("FROM debian\nRUN\n"),
             Err(DockerfileError::MissingArguments { line: 2, .. })
         ));
-        assert!(matches!(
-            parse("FROM a AS b\nFROM debian\n"),
-            Err(DockerfileError::Unsupported { line: 2, .. })
-        ));
+        // Several stages are the planner's business.
+        assert_eq!(
+            parse("FROM a AS b\nFROM debian\n")
+                .unwrap()
+                .instructions
+                .len(),
+            2
+        );
         assert!(matches!(
             parse("FROM debian\nRUN <<EOF\necho\nEOF\n"),
             Err(DockerfileError::Unsupported { line: 2, .. })

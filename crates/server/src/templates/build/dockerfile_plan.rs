@@ -9,7 +9,7 @@ use super::context::{hash_entries, BuildContext, ContextError};
 use super::dockerfile::{self, Body, DockerfileError, Instruction, Keyword};
 use super::e2b_toml::E2bToml;
 use super::plan::{
-    parse_mode, BaseSource, BuildPlan, ExecState, PlanBuilder, StepAction, SANDBOX_USER,
+    parse_mode, BaseSource, BuildPlan, ExecState, PlanBuilder, Stage, StepAction, SANDBOX_USER,
     SANDBOX_WORKDIR,
 };
 use super::words::{expand_word, expand_words, Vars, WordError};
@@ -95,9 +95,40 @@ pub fn plan_dockerfile_with(
     let mut set_workdir = false;
     let mut index = 0usize;
 
+    let mut stages: Vec<Stage> = Vec::new();
+    let mut stage_name: Option<String> = None;
+
     for ins in &parsed.instructions {
         let line = ins.line;
         let word_err = |source| DockerfilePlanError::Word { line, source };
+        if ins.keyword == Keyword::From {
+            // A FROM after the first ends the stage before it (multi-stage builds).
+            if let Some(done) = builder.take() {
+                stages.push(Stage {
+                    name: stage_name.take(),
+                    plan: finish_stage(done),
+                });
+            }
+            let words = expand_words(text_body(ins)?, &global_args, escape).map_err(word_err)?;
+            let (image, name) = from_words(&words, line)?;
+            if let Some(name) = &name {
+                if stage_index(&stages, name).is_some() {
+                    return Err(DockerfilePlanError::Invalid {
+                        line,
+                        message: format!("a stage named {name:?} already exists"),
+                    });
+                }
+            }
+            let (base, start) = match stage_index(&stages, &image) {
+                Some(index) => (stage_base(&stages, index), ExecState::dockerfile_start()),
+                None => image_base(&image, line, input, images)?,
+            };
+            builder = Some(PlanBuilder::new(base, start));
+            stage_name = name;
+            set_user = false;
+            set_workdir = false;
+            continue;
+        }
         let Some(b) = builder.as_mut() else {
             match ins.keyword {
                 Keyword::Arg => {
@@ -108,27 +139,6 @@ pub fn plan_dockerfile_with(
                             global_args.insert(name, value);
                         }
                     }
-                }
-                Keyword::From => {
-                    let words =
-                        expand_words(text_body(ins)?, &global_args, escape).map_err(word_err)?;
-                    let image = words.first().cloned().unwrap_or_default();
-                    let choice = base_image::choose(&image, input.rootfs, false)
-                        .map_err(|source| DockerfilePlanError::Base { line, source })?;
-                    let (base, start) = match choice {
-                        BaseChoice::Local(base) => {
-                            (BaseSource::Image(base), ExecState::dockerfile_start())
-                        }
-                        BaseChoice::Registry(image) => {
-                            let resolved = images
-                                .resolve(&image, None)
-                                .map_err(|source| DockerfilePlanError::Pull { line, source })?;
-                            let start =
-                                ExecState::dockerfile_start().on_image(&resolved.config, true);
-                            (BaseSource::Registry(Box::new(resolved)), start)
-                        }
-                    };
-                    builder = Some(PlanBuilder::new(base, start));
                 }
                 other => {
                     return Err(DockerfilePlanError::Invalid {
@@ -142,7 +152,7 @@ pub fn plan_dockerfile_with(
         index += 1;
         let id = index.to_string();
         match ins.keyword {
-            Keyword::From => unreachable_from(line)?,
+            Keyword::From => unreachable!("FROM is handled above"),
             Keyword::Arg => {
                 for (name, value) in declare_args(ins, &global_args, input.build_args, escape)? {
                     used_args.insert(name.clone());
@@ -217,6 +227,9 @@ pub fn plan_dockerfile_with(
                 };
                 b.run(id, format!("RUN {shown}"), argv, None, false);
             }
+            Keyword::Copy | Keyword::Add if ins.flag("from").is_some() => {
+                plan_copy_from(b, ins, id, &mut stages, input, images, escape)?
+            }
             Keyword::Copy | Keyword::Add => plan_copy(b, ins, id, input.context, escape)?,
             Keyword::Cmd | Keyword::Entrypoint => b.warnings.push(format!(
                 "line {line}: {} is ignored; set start_cmd in e2b.toml to run something at start",
@@ -250,21 +263,196 @@ pub fn plan_dockerfile_with(
     if !set_workdir {
         final_state.workdir = SANDBOX_WORKDIR.into();
     }
-    Ok(b.finish(
+    let mut plan = b.finish(
         final_state,
         input.config.start_cmd.clone(),
         input.config.ready_cmd.clone(),
         input.config.cpu_count,
         input.config.memory_mb,
-    ))
+    );
+    plan.stages = stages;
+    Ok(plan)
 }
 
-fn unreachable_from(line: usize) -> Result<(), DockerfilePlanError> {
-    // dockerfile::parse rejects a second FROM; keep a clear error should that ever change.
-    Err(DockerfilePlanError::Invalid {
-        line,
-        message: "a second FROM (multi-stage build) is not supported".into(),
+/// The plan of a stage that is not the last: what it ends with is what a later `FROM <stage>`
+/// starts from (its ARGs stay behind, as in Docker).
+fn finish_stage(builder: PlanBuilder) -> BuildPlan {
+    let mut state = builder.state.clone();
+    state.build_args.clear();
+    builder.finish(state, None, None, None, None)
+}
+
+/// `image [AS name]` of a FROM (flags such as `--platform` are not words here).
+fn from_words(
+    words: &[String],
+    line: usize,
+) -> Result<(String, Option<String>), DockerfilePlanError> {
+    let invalid = |message: String| DockerfilePlanError::Invalid { line, message };
+    match words {
+        [image] => Ok((image.clone(), None)),
+        [image, as_word, name] if as_word.eq_ignore_ascii_case("as") => {
+            let valid = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic())
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+            if !valid {
+                return Err(invalid(format!(
+                    "bad stage name {name:?} (a letter, then letters, digits, '-', '_' or '.')"
+                )));
+            }
+            Ok((image.clone(), Some(name.to_ascii_lowercase())))
+        }
+        _ => Err(invalid(format!(
+            "FROM takes an image and optionally AS <name>, got {:?}",
+            words.join(" ")
+        ))),
+    }
+}
+
+/// The earlier stage `reference` names: its name (any case) or its number.
+fn stage_index(stages: &[Stage], reference: &str) -> Option<usize> {
+    let lower = reference.to_ascii_lowercase();
+    stages
+        .iter()
+        .position(|stage| stage.name.as_deref() == Some(lower.as_str()))
+        .or_else(|| {
+            reference
+                .parse::<usize>()
+                .ok()
+                .filter(|index| *index < stages.len())
+        })
+}
+
+fn stage_base(stages: &[Stage], index: usize) -> BaseSource {
+    BaseSource::Stage {
+        index,
+        key: stages[index].plan.final_key(),
+        state: stages[index].plan.final_state.clone(),
+    }
+}
+
+/// The base and starting state of `FROM image`: the local rootfs it maps onto, or the pulled image.
+fn image_base(
+    image: &str,
+    line: usize,
+    input: &DockerfileInput<'_>,
+    images: &dyn ImageResolver,
+) -> Result<(BaseSource, ExecState), DockerfilePlanError> {
+    let choice = base_image::choose(image, input.rootfs, false)
+        .map_err(|source| DockerfilePlanError::Base { line, source })?;
+    Ok(match choice {
+        BaseChoice::Local(base) => (BaseSource::Image(base), ExecState::dockerfile_start()),
+        BaseChoice::Registry(image) => {
+            let resolved = images
+                .resolve(&image, None)
+                .map_err(|source| DockerfilePlanError::Pull { line, source })?;
+            let start = ExecState::dockerfile_start().on_image(&resolved.config, true);
+            (BaseSource::Registry(Box::new(resolved)), start)
+        }
     })
+}
+
+/// `COPY --from=<stage or image> src... dest`: from an earlier stage, or from an image (which
+/// becomes a stage of its own with no steps, as Docker does). Sources are paths in that
+/// filesystem (relative ones from its root); globs are not supported there.
+fn plan_copy_from(
+    b: &mut PlanBuilder,
+    ins: &Instruction,
+    id: String,
+    stages: &mut Vec<Stage>,
+    input: &DockerfileInput<'_>,
+    images: &dyn ImageResolver,
+    escape: char,
+) -> Result<(), DockerfilePlanError> {
+    let line = ins.line;
+    let keyword = ins.keyword.name();
+    let word_err = |source| DockerfilePlanError::Word { line, source };
+    let invalid = |message: String| DockerfilePlanError::Invalid { line, message };
+    if ins.keyword == Keyword::Add {
+        return Err(invalid(
+            "ADD --from is not a Dockerfile instruction; use COPY --from".into(),
+        ));
+    }
+    for (flag, _) in &ins.flags {
+        if !["from", "chown", "chmod", "link"].contains(&flag.as_str()) {
+            return Err(invalid(format!("{keyword} --{flag} is not supported")));
+        }
+    }
+    let vars = b.state.vars();
+    let reference =
+        expand_word(ins.flag("from").unwrap_or_default(), &vars, escape).map_err(word_err)?;
+    let stage = match stage_index(stages, &reference) {
+        Some(index) => index,
+        None => {
+            let (base, start) = image_base(&reference, line, input, images)?;
+            stages.push(Stage {
+                name: None,
+                plan: finish_stage(PlanBuilder::new(base, start)),
+            });
+            stages.len() - 1
+        }
+    };
+    let mut args = match &ins.body {
+        Body::Json(list) => list
+            .iter()
+            .map(|w| expand_word(w, &vars, escape))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(word_err)?,
+        Body::Text(text) => expand_words(text, &vars, escape).map_err(word_err)?,
+    };
+    if args.len() < 2 {
+        return Err(invalid(format!(
+            "{keyword} needs a source and a destination"
+        )));
+    }
+    let dest_raw = args.pop().unwrap_or_default();
+    if let Some(glob) = args.iter().find(|s| s.contains(['*', '?', '['])) {
+        return Err(invalid(format!(
+            "{keyword} --from with a wildcard ({glob}) is not supported; name the paths"
+        )));
+    }
+    let sources: Vec<String> = args
+        .iter()
+        .map(|s| clean_absolute(&format!("/{s}")))
+        .collect();
+    let dest_is_dir =
+        dest_raw.ends_with('/') || dest_raw == "." || dest_raw.ends_with("/.") || sources.len() > 1;
+    if sources.len() > 1 && !(dest_raw.ends_with('/') || dest_raw == ".") {
+        return Err(invalid(format!(
+            "{keyword} with more than one source needs a destination directory ending in /, got {dest_raw:?}"
+        )));
+    }
+    let dest = clean_absolute(&b.state.absolute(&dest_raw));
+    let owner = match ins.flag("chown") {
+        Some(raw) => Some(expand_word(raw, &vars, escape).map_err(word_err)?),
+        None => None,
+    };
+    let mode = match ins.flag("chmod") {
+        Some(raw) => Some(
+            parse_mode(raw)
+                .ok_or_else(|| invalid(format!("bad --chmod {raw:?} (octal expected)")))?,
+        ),
+        None => None,
+    };
+    let shown = stages[stage]
+        .name
+        .clone()
+        .unwrap_or_else(|| reference.clone());
+    b.copy(
+        id,
+        format!("{keyword} --from={shown} {} {dest_raw}", args.join(" ")),
+        StepAction::CopyFrom {
+            stage,
+            stage_key: stages[stage].plan.final_key(),
+            sources,
+            dest,
+            dest_is_dir,
+            owner,
+            mode,
+        },
+        false,
+    );
+    Ok(())
 }
 
 fn text_body(ins: &Instruction) -> Result<&str, DockerfilePlanError> {
@@ -348,11 +536,6 @@ fn plan_copy(
     let vars = b.state.vars();
     let allowed: &[&str] = &["chown", "chmod", "link"];
     for (flag, _) in &ins.flags {
-        if flag == "from" {
-            return Err(invalid(format!(
-                "{keyword} --from is not supported (no multi-stage builds); copy from the build context"
-            )));
-        }
         if !allowed.contains(&flag.as_str()) {
             return Err(invalid(format!("{keyword} --{flag} is not supported")));
         }
@@ -657,7 +840,13 @@ mod tests {
             other => panic!("{other:?}"),
         }
         let err = |text: &str| f.plan(text).unwrap_err().to_string();
-        assert!(err("FROM debian\nCOPY --from=builder /a /b\n").contains("--from"));
+        assert!(err("FROM debian\nCOPY --from=builder /a /b\n").contains("builder"));
+        assert!(err("FROM debian AS b\nFROM debian AS B\n").contains("already exists"));
+        assert!(err("FROM debian AS 1x\n").contains("bad stage name"));
+        assert!(
+            err("FROM debian AS b\nFROM debian\nCOPY --from=b /a/*.py /x/\n").contains("wildcard")
+        );
+        assert!(err("FROM debian AS b\nFROM debian\nADD --from=b /a /x\n").contains("COPY --from"));
         assert!(err("FROM debian\nCOPY missing.txt /x\n").contains("missing.txt"));
         assert!(err("FROM debian\nCOPY app/.env /x\n").contains("not found"));
         assert!(err("FROM debian\nCOPY requirements.txt app /dest\n").contains("ending in /"));
@@ -692,5 +881,76 @@ mod tests {
             .unwrap();
         assert_eq!(plan.steps[1].title, "WORKDIR /a/c");
         assert_eq!(plan.steps[2].state.workdir, "/a/c");
+    }
+
+    #[test]
+    fn stages_plan_on_their_own_and_the_last_one_is_the_template() {
+        let f = Fixture::new();
+        let text = "ARG V=1\nFROM debian:12 AS Build\nENV IN_BUILD=$V\nRUN make\n\
+                    FROM debian:12\nCOPY --from=build --chown=user /out/app /usr/local/bin/app\n\
+                    COPY --from=0 /a /b /opt/\n";
+        let plan = f.plan(text).unwrap();
+        assert_eq!(plan.stages.len(), 1);
+        assert_eq!(plan.stages[0].name.as_deref(), Some("build"));
+        assert_eq!(plan.stages[0].plan.final_state.env["IN_BUILD"], "");
+        // The template does not inherit the stage's environment; step ids count on across stages.
+        assert!(!plan.final_state.env.contains_key("IN_BUILD"));
+        assert_eq!(plan.steps[0].id, "3");
+        let StepAction::CopyFrom {
+            stage,
+            stage_key,
+            sources,
+            dest,
+            dest_is_dir,
+            owner,
+            ..
+        } = &plan.steps[0].action
+        else {
+            panic!("{:?}", plan.steps[0].action)
+        };
+        assert_eq!(
+            (
+                *stage,
+                stage_key,
+                sources,
+                dest.as_str(),
+                *dest_is_dir,
+                owner.as_deref()
+            ),
+            (
+                0,
+                &plan.stages[0].plan.final_key(),
+                &vec!["/out/app".to_string()],
+                "/usr/local/bin/app",
+                false,
+                Some("user")
+            )
+        );
+        let StepAction::CopyFrom {
+            sources,
+            dest,
+            dest_is_dir,
+            ..
+        } = &plan.steps[1].action
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (sources.len(), dest.as_str(), *dest_is_dir),
+            (2, "/opt", true)
+        );
+        assert_eq!(plan.needed_stages(), vec![0]);
+        // A change inside the stage changes the template's key through the COPY.
+        let changed = f.plan(&text.replace("RUN make", "RUN make all")).unwrap();
+        assert_ne!(changed.final_key(), plan.final_key());
+        // FROM <stage> starts from the stage, its environment included.
+        let from_stage = f
+            .plan("FROM debian AS b\nENV X=1\nFROM b\nRUN echo $X\n")
+            .unwrap();
+        assert!(matches!(
+            from_stage.base,
+            BaseSource::Stage { index: 0, .. }
+        ));
+        assert_eq!(from_stage.steps[0].state.env["X"], "1");
     }
 }

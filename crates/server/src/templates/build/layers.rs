@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use warren_runtime::confined::ConfinedDir;
 
-use super::context::{CopyEntry, EntryKind};
+use super::context::{join_target, CopyEntry, EntryKind};
 use super::uploads::{unpack_archive, UploadError};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,6 +31,8 @@ pub enum LayerError {
     UnknownGroup(String),
     #[error("too many symlinks resolving {0}")]
     SymlinkLoop(String),
+    #[error("{0} does not exist in that stage")]
+    NotInStage(String),
     #[error(transparent)]
     Archive(#[from] UploadError),
     #[error("layer metadata {path}: {source}")]
@@ -270,6 +272,74 @@ impl LayerStack {
         None
     }
 
+    /// Everything below the directory at absolute `dir` (resolved, not a symlink), as overlayfs shows
+    /// it: per name the top-most layer's entry, whiteouts and opaque directories hiding what is
+    /// below. Appends (path relative to `dir` under `prefix`, host path, metadata), parents first.
+    pub fn walk(
+        &self,
+        dir: &str,
+        prefix: &str,
+        out: &mut Vec<(String, PathBuf, fs::Metadata)>,
+    ) -> Result<(), LayerError> {
+        let rel = dir.trim_start_matches('/');
+        let mut names: Vec<std::ffi::OsString> = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
+        for layer in &self.layers {
+            let Ok(root) = ConfinedDir::open_root(layer) else {
+                continue;
+            };
+            let listed = if rel.is_empty() {
+                root.entries()
+            } else {
+                match root.stat(Path::new(rel)) {
+                    Ok(stat) if stat.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
+                    // Not there: look lower. Anything else (a file, a whiteout) hides lower layers.
+                    Err(e) if e.is_not_found() => continue,
+                    _ => break,
+                }
+                root.open_dir(Path::new(rel)).and_then(|d| d.entries())
+            };
+            let listed =
+                listed.map_err(|e| io_err(format!("listing {dir} in a stage"))(e.into()))?;
+            for name in listed {
+                if seen.insert(name.clone()) {
+                    names.push(name);
+                }
+            }
+            if is_opaque(&layer.join(rel)) {
+                break;
+            }
+        }
+        names.sort();
+        for name in names {
+            let name = name.to_string_lossy().into_owned();
+            let path = if rel.is_empty() {
+                format!("/{name}")
+            } else {
+                format!("/{rel}/{name}")
+            };
+            // A whiteout at the top-most holder of the name: nothing there.
+            let Some((host, meta)) = self.lookup(&path) else {
+                continue;
+            };
+            let relative = if prefix.is_empty() {
+                name.clone()
+            } else {
+                format!("{prefix}/{name}")
+            };
+            let ft = meta.file_type();
+            if !(ft.is_dir() || ft.is_file() || ft.is_symlink()) {
+                continue;
+            }
+            let is_dir = ft.is_dir();
+            out.push((relative.clone(), host, meta));
+            if is_dir {
+                self.walk(&path, &relative, out)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Resolves symlinks in every component of absolute `path` (all but the last when `keep_last`).
     pub fn resolve(&self, path: &str, keep_last: bool) -> Result<String, LayerError> {
         let mut pending: Vec<String> = path
@@ -406,6 +476,85 @@ fn passwd_entries(text: &str) -> impl Iterator<Item = (&str, u32, u32)> {
     })
 }
 
+/// What `COPY --from` copies out of a stage (`stage`: its layers): each of `sources` (absolute paths
+/// there, symlinks in them followed inside the stage) → `dest` (a directory's contents, a file into
+/// `dest` when `dest_is_dir`, else as `dest`). Entries keep their owners and modes. The layers were
+/// written by the stage's build sandboxes, so they are hostile: every path is found through
+/// [`LayerStack::lookup`] (the kernel refuses symlinks on the way inside each layer), directories are
+/// listed through [`ConfinedDir`], and only directories, regular files and symlinks (copied as
+/// links, never followed) are taken. Committed layers never change, so what was checked is what is
+/// read.
+pub fn stage_entries(
+    stage: &LayerStack,
+    sources: &[String],
+    dest: &str,
+    dest_is_dir: bool,
+) -> Result<Vec<CopyEntry>, LayerError> {
+    let mut out = Vec::new();
+    for source in sources {
+        let resolved = stage.resolve(source, false)?;
+        let (host, meta) = stage
+            .lookup(&resolved)
+            .ok_or_else(|| LayerError::NotInStage(source.clone()))?;
+        let entry = |host: PathBuf, target: String, meta: &fs::Metadata| {
+            let kind = if meta.is_dir() {
+                EntryKind::Dir
+            } else if meta.file_type().is_symlink() {
+                EntryKind::Symlink
+            } else {
+                EntryKind::File
+            };
+            CopyEntry {
+                source: host,
+                target,
+                kind,
+                mode: meta.permissions().mode() & 0o7777,
+                owner: Some((meta.uid(), meta.gid())),
+            }
+        };
+        if meta.is_dir() {
+            out.push(entry(host, join_target(dest, ""), &meta));
+            let mut below = Vec::new();
+            stage.walk(&resolved, "", &mut below)?;
+            for (relative, host, meta) in below {
+                out.push(entry(host, join_target(dest, &relative), &meta));
+            }
+        } else if meta.is_file() {
+            let name = resolved.rsplit('/').next().unwrap_or_default();
+            let target = if dest_is_dir {
+                join_target(dest, name)
+            } else {
+                dest.to_string()
+            };
+            out.push(entry(host, target, &meta));
+        } else {
+            return Err(LayerError::NotInStage(format!(
+                "{source} (not a file or directory)"
+            )));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether overlayfs treats the directory at `host` as opaque (lower layers' contents hidden).
+fn is_opaque(host: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(path) = std::ffi::CString::new(host.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut value = [0u8; 2];
+    // SAFETY: both strings are NUL-terminated and `value` is a buffer of the length passed.
+    let n = unsafe {
+        libc::lgetxattr(
+            path.as_ptr(),
+            c"trusted.overlay.opaque".as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    n == 1 && value[0] == b'y'
+}
+
 /// Writes COPY/ADD entries into `layer` (the new layer's `fs` directory), on top of `below`.
 pub fn write_copy_layer(
     layer: &Path,
@@ -421,7 +570,12 @@ pub fn write_copy_layer(
     let mut stack_layers = vec![layer.to_path_buf()];
     stack_layers.extend(below.layers.iter().cloned());
     let view = LayerStack::new(stack_layers);
+    let copy_owner = (uid, gid);
     for (i, entry) in entries.iter().enumerate() {
+        let (uid, gid) = match (owner, entry.owner) {
+            (None, Some(own)) => own,
+            _ => copy_owner,
+        };
         let target = view.resolve(&entry.target, true)?;
         ensure_parents(layer, &view, &target, uid, gid)?;
         check_inside(layer, &target)?;
@@ -617,6 +771,96 @@ mod tests {
         ));
         assert_eq!(stack.user_name("1000"), "user");
         assert_eq!(stack.user_name("user:staff"), "user");
+    }
+
+    #[test]
+    fn copies_out_of_a_stage_see_its_layers_as_overlayfs_and_never_the_host() {
+        if !nix_is_root() {
+            println!("SKIP: whiteouts and trusted.overlay xattrs need root");
+            return;
+        }
+        let lower = tempfile::tempdir().unwrap();
+        let upper = tempfile::tempdir().unwrap();
+        let (l, u) = (lower.path(), upper.path());
+        for dir in ["app", "opq", "etc"] {
+            fs::create_dir_all(l.join(dir)).unwrap();
+        }
+        fs::write(l.join("app/keep.txt"), "lower").unwrap();
+        fs::write(l.join("app/gone.txt"), "deleted above").unwrap();
+        fs::write(l.join("opq/old.txt"), "hidden by an opaque dir").unwrap();
+        fs::write(l.join("etc/secret"), "the stage's own").unwrap();
+        fs::create_dir_all(u.join("app")).unwrap();
+        assert!(std::process::Command::new("mknod")
+            .arg(u.join("app/gone.txt"))
+            .args(["c", "0", "0"])
+            .status()
+            .unwrap()
+            .success());
+        fs::write(u.join("app/new.txt"), "upper").unwrap();
+        symlink("/etc/passwd", u.join("app/link")).unwrap();
+        fs::create_dir_all(u.join("opq")).unwrap();
+        fs::write(u.join("opq/new.txt"), "upper").unwrap();
+        let opq = std::ffi::CString::new(u.join("opq").to_str().unwrap()).unwrap();
+        // SAFETY: NUL-terminated strings and a buffer of the length passed.
+        let set = unsafe {
+            libc::lsetxattr(
+                opq.as_ptr(),
+                c"trusted.overlay.opaque".as_ptr(),
+                b"y".as_ptr().cast(),
+                1,
+                0,
+            )
+        };
+        assert_eq!(set, 0, "set the opaque xattr");
+        // A symlink to a directory: resolved inside the stage, not on the host.
+        symlink("/etc", u.join("data")).unwrap();
+        let stage = LayerStack::new(vec![u.to_path_buf(), l.to_path_buf()]);
+
+        let entries = stage_entries(&stage, &["/app".into()], "/dst", true).unwrap();
+        let targets: Vec<(&str, EntryKind)> = entries
+            .iter()
+            .map(|e| (e.target.as_str(), e.kind))
+            .collect();
+        assert_eq!(
+            targets,
+            [
+                ("/dst", EntryKind::Dir),
+                ("/dst/keep.txt", EntryKind::File),
+                ("/dst/link", EntryKind::Symlink),
+                ("/dst/new.txt", EntryKind::File),
+            ]
+        );
+        let opaque = stage_entries(&stage, &["/opq".into()], "/o", true).unwrap();
+        assert_eq!(opaque.len(), 2, "{opaque:?}");
+        assert_eq!(opaque[1].target, "/o/new.txt");
+        let secret = stage_entries(&stage, &["/data/secret".into()], "/x", false).unwrap();
+        assert_eq!(secret[0].source, l.join("etc/secret"));
+        assert_eq!(secret[0].target, "/x");
+        assert!(matches!(
+            stage_entries(&stage, &["/app/gone.txt".into()], "/x", false),
+            Err(LayerError::NotInStage(_))
+        ));
+
+        // Written into a layer: the link stays a link (the host's /etc/passwd is never read).
+        let base = base_rootfs();
+        let layer = tempfile::tempdir().unwrap();
+        write_copy_layer(
+            layer.path(),
+            &LayerStack::new(vec![base.path().to_path_buf()]),
+            &entries,
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            fs::read_link(layer.path().join("dst/link")).unwrap(),
+            Path::new("/etc/passwd")
+        );
+        assert_eq!(
+            fs::read_to_string(layer.path().join("dst/keep.txt")).unwrap(),
+            "lower"
+        );
+        assert!(!layer.path().join("dst/gone.txt").exists());
     }
 
     #[test]

@@ -104,6 +104,18 @@ pub enum StepAction {
     },
     /// WORKDIR: creates the directory (owned by `owner`) when it does not exist yet.
     MakeDir { path: String, owner: String },
+    /// `COPY --from=<stage>`: copies `sources` (absolute paths in the stage's filesystem, symlinks
+    /// followed) out of an earlier stage of the same build into a new layer. The stage is built
+    /// first; its final cache key stands for its content in this step's key.
+    CopyFrom {
+        stage: usize,
+        stage_key: String,
+        sources: Vec<String>,
+        dest: String,
+        dest_is_dir: bool,
+        owner: Option<String>,
+        mode: Option<u32>,
+    },
 }
 
 impl StepAction {
@@ -122,6 +134,20 @@ impl StepAction {
                 mode.map(|m| format!("{m:o}")).unwrap_or_default()
             ),
             StepAction::MakeDir { path, owner } => format!("MKDIR\0{path}\0{owner}"),
+            StepAction::CopyFrom {
+                stage_key,
+                sources,
+                dest,
+                dest_is_dir,
+                owner,
+                mode,
+                ..
+            } => format!(
+                "COPYFROM\0{stage_key}\0{}\0{dest}\0{dest_is_dir}\0{}\0{}",
+                sources.join("\0"),
+                owner.as_deref().unwrap_or(""),
+                mode.map(|m| format!("{m:o}")).unwrap_or_default()
+            ),
         }
     }
 }
@@ -154,6 +180,13 @@ pub enum BaseSource {
         key: String,
         state: ExecState,
     },
+    /// An earlier stage of the same Dockerfile (`FROM builder`): its layers exist once the build
+    /// has built that stage; its final key and state are known from the plan.
+    Stage {
+        index: usize,
+        key: String,
+        state: ExecState,
+    },
 }
 
 impl BaseSource {
@@ -161,7 +194,7 @@ impl BaseSource {
     pub fn layers(&self) -> Vec<PathBuf> {
         match self {
             BaseSource::Image(image) => vec![image.rootfs.clone()],
-            BaseSource::Registry(_) => Vec::new(),
+            BaseSource::Registry(_) | BaseSource::Stage { .. } => Vec::new(),
             BaseSource::Template { layers, .. } => layers.clone(),
         }
     }
@@ -174,7 +207,7 @@ impl BaseSource {
             BaseSource::Registry(image) => {
                 sha256_hex(&[CACHE_FORMAT, "image", &image.manifest_digest])
             }
-            BaseSource::Template { key, .. } => key.clone(),
+            BaseSource::Template { key, .. } | BaseSource::Stage { key, .. } => key.clone(),
         }
     }
 }
@@ -217,9 +250,48 @@ pub struct BuildPlan {
     pub privileges: warren_proto::api::TemplatePrivileges,
     /// Notes for the build log (substituted base releases, ignored flags, unused build args).
     pub warnings: Vec<String>,
+    /// The earlier stages of a multi-stage Dockerfile, in order (each with no stages of its own);
+    /// steps and bases refer to them by index.
+    pub stages: Vec<Stage>,
+}
+
+/// One earlier stage of a multi-stage build.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Stage {
+    /// `FROM ... AS name`, if it had one.
+    pub name: Option<String>,
+    pub plan: BuildPlan,
 }
 
 impl BuildPlan {
+    /// The stages this plan's steps and base use, directly or through other stages, in build
+    /// order; stages nothing uses are not built (as BuildKit does).
+    pub fn needed_stages(&self) -> Vec<usize> {
+        fn uses(plan: &BuildPlan) -> Vec<usize> {
+            let mut used: Vec<usize> = plan
+                .steps
+                .iter()
+                .filter_map(|step| match &step.action {
+                    StepAction::CopyFrom { stage, .. } => Some(*stage),
+                    _ => None,
+                })
+                .collect();
+            if let BaseSource::Stage { index, .. } = &plan.base {
+                used.push(*index);
+            }
+            used
+        }
+        let mut needed = vec![false; self.stages.len()];
+        let mut pending = uses(self);
+        while let Some(index) = pending.pop() {
+            if index < needed.len() && !needed[index] {
+                needed[index] = true;
+                pending.extend(uses(&self.stages[index].plan));
+            }
+        }
+        (0..needed.len()).filter(|i| needed[*i]).collect()
+    }
+
     /// The cache key of the last layer (the base's when there are no steps).
     pub fn final_key(&self) -> String {
         self.steps
@@ -246,7 +318,7 @@ impl PlanBuilder {
     pub fn new(base: BaseSource, start: ExecState) -> PlanBuilder {
         let parent_key = base.key();
         let state = match &base {
-            BaseSource::Template { state, .. } => state.clone(),
+            BaseSource::Template { state, .. } | BaseSource::Stage { state, .. } => state.clone(),
             BaseSource::Image(_) | BaseSource::Registry(_) => start.clone(),
         };
         let mut builder = PlanBuilder {
@@ -381,6 +453,7 @@ impl PlanBuilder {
             memory_mb,
             privileges: Default::default(),
             warnings: self.warnings,
+            stages: Vec::new(),
         }
     }
 }

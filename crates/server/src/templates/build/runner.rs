@@ -10,7 +10,9 @@ use warren_runtime::{NetworkSpec, Resources, Runtime, RuntimeError, SandboxSpec}
 
 use super::agent_commands::{CommandError, CommandRunner, CommandSpec, OutputStream};
 use super::job::{BuildJob, LineSplitter, LogLevel};
-use super::layers::{write_copy_layer, write_workdir_layer, LayerError, LayerStack, LayerStore};
+use super::layers::{
+    stage_entries, write_copy_layer, write_workdir_layer, LayerError, LayerStack, LayerStore,
+};
 use super::plan::{BaseSource, BuildPlan, PlanStep, StepAction};
 use super::versions::{BuiltTemplate, TemplateStart, TemplateVersions, VersionError};
 use crate::templates::images::image_layers::{
@@ -55,6 +57,9 @@ pub enum BuildError {
     Finalize(String),
     #[error(transparent)]
     Version(#[from] VersionError),
+    /// The plan asked for something the runner did not prepare (a bug, not bad input).
+    #[error("internal: {0}")]
+    Internal(String),
     #[error("{reason}{}", step.as_deref().map(|s| format!(" (in step {s})")).unwrap_or_default())]
     Stopped {
         step: Option<String>,
@@ -72,7 +77,7 @@ impl BuildError {
             | BuildError::Layer { step, .. } => Some(step),
             BuildError::Finalize(_) => Some(FINALIZE_STEP),
             BuildError::BaseMissing(_) | BuildError::Image(_) => Some("base"),
-            BuildError::Version(_) => None,
+            BuildError::Version(_) | BuildError::Internal(_) => None,
             BuildError::Stopped { step, .. } => step.as_deref(),
         }
     }
@@ -229,6 +234,63 @@ impl<'a> TemplateBuilder<'a> {
         for warning in &plan.warnings {
             job.log(LogLevel::Warn, None, warning.clone());
         }
+        // Earlier stages of a multi-stage Dockerfile first (only those the template uses).
+        let mut stages: Vec<Option<BuiltStack>> = vec![None; plan.stages.len()];
+        for index in plan.needed_stages() {
+            let stage = &plan.stages[index];
+            let name = stage
+                .name
+                .clone()
+                .unwrap_or_else(|| format!("stage {index}"));
+            for warning in &stage.plan.warnings {
+                job.log(LogLevel::Warn, None, format!("{name}: {warning}"));
+            }
+            job.log(LogLevel::Info, None, format!("building {name}"));
+            stages[index] = Some(self.build_stack(&stage.plan, &stages, build_id, job)?);
+        }
+        let BuiltStack {
+            layers: stack,
+            keys,
+            cached_steps,
+        } = self.build_stack(plan, &stages, build_id, job)?;
+
+        job.step_started(FINALIZE_STEP);
+        let start = self.finalize(plan, &stack, build_id, &build_dir, job)?;
+        job.step_finished(FINALIZE_STEP, false);
+
+        let built = BuiltTemplate {
+            template_id: template_id.into(),
+            build_id: build_id.into(),
+            created_at: chrono::Utc::now().to_rfc3339(),
+            layers: stack,
+            layer_keys: keys,
+            final_key: plan.final_key(),
+            env: plan.final_state.env.clone(),
+            user: plan.final_state.user.clone(),
+            workdir: plan.final_state.workdir.clone(),
+            start_cmd: plan.start_cmd.clone(),
+            ready_cmd: plan.ready_cmd.clone(),
+            cpu_count: plan.cpu_count,
+            memory_mb: plan.memory_mb,
+            privileges: plan.privileges,
+            start,
+            build_seconds: started.elapsed().as_secs_f64(),
+            cached_steps,
+            total_steps: plan.steps.len(),
+        };
+        self.versions.save(&built)?;
+        Ok(built)
+    }
+
+    /// The layers of `plan`'s base and steps (built, or found in the cache), top-most first, with
+    /// their keys base first; `stages` holds the stages built so far.
+    fn build_stack(
+        &self,
+        plan: &BuildPlan,
+        stages: &[Option<BuiltStack>],
+        build_id: &str,
+        job: &BuildJob,
+    ) -> Result<BuiltStack, BuildError> {
         if let BaseSource::Image(image) = &plan.base {
             if !image.rootfs.is_dir() {
                 return Err(BuildError::BaseMissing(image.rootfs.clone()));
@@ -245,6 +307,11 @@ impl<'a> TemplateBuilder<'a> {
         }
         let mut stack = plan.base.layers();
         let mut keys = Vec::new();
+        if let BaseSource::Stage { index, .. } = &plan.base {
+            let built = stage_stack(stages, *index)?;
+            stack = built.layers.clone();
+            keys = built.keys.clone();
+        }
         if let BaseSource::Registry(image) = &plan.base {
             job.log(
                 LogLevel::Info,
@@ -314,7 +381,7 @@ impl<'a> TemplateBuilder<'a> {
                 }
                 None => {
                     let t = Instant::now();
-                    let info = self.execute(step, &stack, build_id, job)?;
+                    let info = self.execute(step, &stack, stages, build_id, job)?;
                     job.log(
                         LogLevel::Info,
                         Some(&step.id),
@@ -335,38 +402,18 @@ impl<'a> TemplateBuilder<'a> {
             keys.push(step.cache_key.clone());
         }
 
-        job.step_started(FINALIZE_STEP);
-        let start = self.finalize(plan, &stack, build_id, &build_dir, job)?;
-        job.step_finished(FINALIZE_STEP, false);
-
-        let built = BuiltTemplate {
-            template_id: template_id.into(),
-            build_id: build_id.into(),
-            created_at: chrono::Utc::now().to_rfc3339(),
+        Ok(BuiltStack {
             layers: stack,
-            layer_keys: keys,
-            final_key: plan.final_key(),
-            env: plan.final_state.env.clone(),
-            user: plan.final_state.user.clone(),
-            workdir: plan.final_state.workdir.clone(),
-            start_cmd: plan.start_cmd.clone(),
-            ready_cmd: plan.ready_cmd.clone(),
-            cpu_count: plan.cpu_count,
-            memory_mb: plan.memory_mb,
-            privileges: plan.privileges,
-            start,
-            build_seconds: started.elapsed().as_secs_f64(),
+            keys,
             cached_steps,
-            total_steps: plan.steps.len(),
-        };
-        self.versions.save(&built)?;
-        Ok(built)
+        })
     }
 
     fn execute(
         &self,
         step: &PlanStep,
         stack: &[PathBuf],
+        stages: &[Option<BuiltStack>],
         build_id: &str,
         job: &BuildJob,
     ) -> Result<super::layers::LayerInfo, BuildError> {
@@ -453,6 +500,30 @@ impl<'a> TemplateBuilder<'a> {
                     .map_err(|source| layer_err(step, source))?;
                 write_workdir_layer(&fs_dir, &LayerStack::new(stack.to_vec()), path, owner)
                     .map_err(|source| layer_err(step, source))?;
+            }
+            StepAction::CopyFrom {
+                stage,
+                sources,
+                dest,
+                dest_is_dir,
+                owner,
+                mode,
+                ..
+            } => {
+                let from = LayerStack::new(stage_stack(stages, *stage)?.layers.clone());
+                let entries = stage_entries(&from, sources, dest, *dest_is_dir)
+                    .map_err(|source| layer_err(step, source))?;
+                let fs_dir = pending
+                    .create_fs_dir()
+                    .map_err(|source| layer_err(step, source))?;
+                write_copy_layer(
+                    &fs_dir,
+                    &LayerStack::new(stack.to_vec()),
+                    &entries,
+                    owner.as_deref(),
+                    *mode,
+                )
+                .map_err(|source| layer_err(step, source))?;
             }
         }
         self.layers
@@ -667,6 +738,21 @@ impl<'a> TemplateBuilder<'a> {
             }
         }
     }
+}
+
+/// A stage's (or the template's own) layers, top-most first, and their keys, base first.
+#[derive(Debug, Clone)]
+struct BuiltStack {
+    layers: Vec<PathBuf>,
+    keys: Vec<String>,
+    cached_steps: usize,
+}
+
+fn stage_stack(stages: &[Option<BuiltStack>], index: usize) -> Result<&BuiltStack, BuildError> {
+    stages
+        .get(index)
+        .and_then(Option::as_ref)
+        .ok_or_else(|| BuildError::Internal(format!("stage {index} was not built before its use")))
 }
 
 fn finalize_title(plan: &BuildPlan) -> String {
@@ -1035,6 +1121,51 @@ mod tests {
         let job3 = BuildJob::new("t1", "b3");
         let third = builder.build(&changed, "t1", "b3", &job3).unwrap();
         assert_eq!(third.cached_steps, 3);
+    }
+
+    #[test]
+    fn a_multi_stage_build_builds_the_stages_it_uses_and_copies_out_of_them() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let commands = FakeCommands::default();
+        let builder = TemplateBuilder::new(&runtime, &commands, setup.settings());
+        let plan = setup.plan(
+            "FROM debian:12 AS builder\nRUN make\nFROM debian:12 AS unused\nRUN never\n\
+             FROM builder AS extended\nRUN more\nFROM debian:12\n\
+             COPY --from=builder / /from-builder/\nCOPY --from=extended /etc/passwd /copied-passwd\n",
+            None,
+        );
+        assert_eq!(plan.needed_stages(), vec![0, 2]);
+        let job = BuildJob::new("t1", "b1");
+        let built = builder.build(&plan, "t1", "b1", &job).unwrap();
+        assert_eq!(job.status(), BuildStatus::Ready);
+        let ran: Vec<String> = commands
+            .ran
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.argv.join(" "))
+            .collect();
+        assert_eq!(
+            ran,
+            ["/bin/sh -c make", "/bin/sh -c more"],
+            "the unused stage is skipped"
+        );
+        // `FROM builder` stacks on the builder's layer: its RUN sandbox sees it.
+        let specs = runtime.created.lock().unwrap().clone();
+        assert_eq!(specs[1].layers.len(), specs[0].layers.len() + 1);
+        // The template's own layers: the two COPYs on the base, not the stages' layers.
+        let copy = builder.layers().fs_dir(&plan.steps[0].cache_key);
+        assert!(copy.join("from-builder/made-by-wt-b1-1").is_file());
+        assert!(copy.join("from-builder/etc/passwd").is_file());
+        let passwd = builder.layers().fs_dir(&plan.steps[1].cache_key);
+        assert!(passwd.join("copied-passwd").is_file());
+        assert_eq!(built.layers.len(), 3);
+        // A rebuild takes everything from the cache, stages included.
+        let job2 = BuildJob::new("t1", "b2");
+        let again = builder.build(&plan, "t1", "b2", &job2).unwrap();
+        assert_eq!(again.cached_steps, 2);
+        assert_eq!(runtime.created.lock().unwrap().len(), 2);
     }
 
     #[test]
