@@ -159,12 +159,12 @@ impl Server {
                 "failed template builds an earlier run left unfinished"
             );
         }
-        let build_service = Arc::new(templates::build::service::BuildService::new(
+        let build_service = Arc::new(templates::builder::service::BuildService::new(
             Arc::clone(&runtime),
-            Arc::new(templates::build::agent_commands::EnvdCommands::new()),
-            templates::build::runner::BuildSettings {
+            Arc::new(templates::builder::agent_commands::EnvdCommands::new()),
+            templates::builder::runner::BuildSettings {
                 build_timeout: config.build_timeout,
-                ..templates::build::runner::BuildSettings::new(&config.state_dir)
+                ..templates::builder::runner::BuildSettings::new(&config.state_dir)
             },
             Some(config.base_rootfs.clone()),
         ));

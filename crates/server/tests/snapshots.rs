@@ -530,7 +530,7 @@ async fn restart_settles_half_finished_pauses_and_resumes() {
 /// restoring it; one without starts cold.
 #[tokio::test]
 async fn templates_from_running_state_restore_their_build_checkpoint() {
-    use warren_server::templates::build::versions::{
+    use warren_server::templates::builder::versions::{
         BuiltTemplate, TemplateStart, TemplateVersions,
     };
 

@@ -16,13 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, NetworkSpec, Resources, Runtime};
-use warren_server::templates::build::agent_commands::EnvdCommands;
-use warren_server::templates::build::instantiate::start_sandbox;
-use warren_server::templates::build::job::{BuildJob, BuildStatus, JobState};
-use warren_server::templates::build::runner::BuildSettings;
-use warren_server::templates::build::sdk_template::{TemplateBuildStartV2, TemplateStep};
-use warren_server::templates::build::service::BuildService;
-use warren_server::templates::build::versions::TemplateStart;
+use warren_server::templates::builder::agent_commands::EnvdCommands;
+use warren_server::templates::builder::instantiate::start_sandbox;
+use warren_server::templates::builder::job::{BuildJob, BuildStatus, JobState};
+use warren_server::templates::builder::runner::BuildSettings;
+use warren_server::templates::builder::sdk_template::{TemplateBuildStartV2, TemplateStep};
+use warren_server::templates::builder::service::BuildService;
+use warren_server::templates::builder::versions::TemplateStart;
 
 const BASE_ROOTFS: &str = "/var/cache/warren/rootfs/debian12-base";
 

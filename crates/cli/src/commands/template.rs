@@ -12,7 +12,7 @@ use warren_client::types::{
     BuildLogEntry, Template, TemplateBuildInfo, TemplateBuildRequest, TemplateBuildStatus,
 };
 use warren_client::ApiClient;
-use warren_server::templates::build::e2b_toml::{E2bToml, E2bTomlError};
+use warren_server::templates::builder::e2b_toml::{E2bToml, E2bTomlError};
 
 use super::sandbox::format_time;
 use super::{api_client, print_json, CommandError};

@@ -13,8 +13,8 @@ use super::error::ApiError;
 use super::extract::{ApiJson, OptionalJson, QueryPairs};
 use super::AppState;
 use crate::store::{Millis, TemplateRecord};
-use crate::templates::build::job::{LogLevel, TemplateBuildInfo};
-use crate::templates::build::sdk_template::TemplateBuildStartV2;
+use crate::templates::builder::job::{LogLevel, TemplateBuildInfo};
+use crate::templates::builder::sdk_template::TemplateBuildStartV2;
 use crate::templates::builds::{BuildRequest, BuildsError, DockerfileBuild, RequestedBuild};
 
 /// Largest build-context archive accepted by `PUT /templates/{id}/files/{hash}`.
@@ -55,9 +55,9 @@ pub fn router() -> Router<AppState> {
 
 impl From<BuildsError> for ApiError {
     fn from(error: BuildsError) -> Self {
-        use crate::templates::build::service::ServiceError;
-        use crate::templates::build::uploads::UploadError;
-        use crate::templates::build::versions::VersionError;
+        use crate::templates::builder::service::ServiceError;
+        use crate::templates::builder::uploads::UploadError;
+        use crate::templates::builder::versions::VersionError;
         match &error {
             BuildsError::TemplateNotFound(_) | BuildsError::BuildNotFound { .. } => {
                 ApiError::not_found(error.to_string())

@@ -315,7 +315,7 @@ pub struct PassReport {
 async fn running_commands(record: &SandboxRecord) -> bool {
     match super::operations::agent_processes(record).await {
         Ok(running) => running.iter().any(|p| {
-            p.tag.as_deref() != Some(crate::templates::build::agent_commands::START_CMD_TAG)
+            p.tag.as_deref() != Some(crate::templates::builder::agent_commands::START_CMD_TAG)
         }),
         Err(error) => {
             tracing::debug!(sandbox = %record.id, %error, "cannot ask the agent for its processes");

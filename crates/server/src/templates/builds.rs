@@ -10,13 +10,13 @@ use std::sync::{Arc, Mutex};
 use rand::Rng;
 use warren_proto::api::{TemplatePrivileges, ENVD_VERSION};
 
-use super::build::e2b_toml::E2bToml;
-use super::build::job::{LogLevel, TemplateBuildInfo};
-use super::build::runner::BuildError;
-use super::build::sdk_template::TemplateBuildStartV2;
-use super::build::service::{BuildService, ServiceError, TemplateDir};
-use super::build::uploads::UploadError;
-use super::build::versions::{BuiltTemplate, VersionError};
+use super::builder::e2b_toml::E2bToml;
+use super::builder::job::{LogLevel, TemplateBuildInfo};
+use super::builder::runner::BuildError;
+use super::builder::sdk_template::TemplateBuildStartV2;
+use super::builder::service::{BuildService, ServiceError, TemplateDir};
+use super::builder::uploads::UploadError;
+use super::builder::versions::{BuiltTemplate, VersionError};
 use super::tags::{check_tag, split_reference, tagged_build, TagError, DEFAULT_TAG};
 use super::BASE_TEMPLATE_ID;
 use crate::config::DefaultResources;
@@ -170,18 +170,18 @@ impl TemplateBuilds {
     /// Hands out a build id (and a template id unless the name is already known).
     pub async fn request(&self, request: BuildRequest) -> Result<RequestedBuild, BuildsError> {
         if let Some(cpus) = request.cpu_count {
-            if cpus == 0 || cpus > super::build::e2b_toml::MAX_CPU_COUNT {
+            if cpus == 0 || cpus > super::builder::e2b_toml::MAX_CPU_COUNT {
                 return Err(BuildsError::BadRequest(format!(
                     "cpuCount {cpus} is out of range 1..={}",
-                    super::build::e2b_toml::MAX_CPU_COUNT
+                    super::builder::e2b_toml::MAX_CPU_COUNT
                 )));
             }
         }
         if let Some(memory) = request.memory_mb {
-            if memory < super::build::e2b_toml::MIN_MEMORY_MB {
+            if memory < super::builder::e2b_toml::MIN_MEMORY_MB {
                 return Err(BuildsError::BadRequest(format!(
                     "memoryMB {memory} is below the minimum of {}",
-                    super::build::e2b_toml::MIN_MEMORY_MB
+                    super::builder::e2b_toml::MIN_MEMORY_MB
                 )));
             }
         }
@@ -347,7 +347,7 @@ impl TemplateBuilds {
         &self,
         dockerfile: &DockerfileBuild,
         pending: &PendingBuild,
-    ) -> Result<super::build::plan::BuildPlan, BuildsError> {
+    ) -> Result<super::builder::plan::BuildPlan, BuildsError> {
         let context = match &dockerfile.context_hash {
             Some(hash) => self.service.uploads().unpacked(hash)?.ok_or_else(|| {
                 BuildsError::BadRequest(format!(
@@ -392,7 +392,7 @@ impl TemplateBuilds {
         template_id: &str,
         build_id: &str,
         pending: PendingBuild,
-        plan: super::build::plan::BuildPlan,
+        plan: super::builder::plan::BuildPlan,
     ) -> Result<(), BuildsError> {
         let mut plan = plan;
         plan.privileges = pending.privileges;
@@ -607,7 +607,7 @@ impl TemplateBuilds {
         &self,
         id: &str,
         aliases: &[&str],
-        plan: &super::build::plan::BuildPlan,
+        plan: &super::builder::plan::BuildPlan,
     ) -> Result<bool, BuildsError> {
         let latest = self.service.versions().latest(id)?;
         let cached = latest.filter(|built| {
@@ -658,7 +658,7 @@ impl TemplateBuilds {
     pub fn start_builtin(
         self: &Arc<Self>,
         id: &str,
-        plan: super::build::plan::BuildPlan,
+        plan: super::builder::plan::BuildPlan,
     ) -> Result<String, BuildsError> {
         let build_id = uuid::Uuid::new_v4().to_string();
         let pending = PendingBuild {
@@ -693,22 +693,24 @@ impl TemplateBuilds {
         let key = (template.id.clone(), build_id.to_string());
         let mut reason = None;
         let status = if self.lock_pending().contains_key(&key) {
-            super::build::job::BuildStatus::Waiting
+            super::builder::job::BuildStatus::Waiting
         } else if let Some(record) = self.store.get_build(&template.id, build_id).await? {
             // A build of an earlier run (or requested then lost to a restart).
-            reason = record.reason.map(|message| super::build::job::BuildReason {
-                message,
-                step: None,
-                log_entries: Vec::new(),
-            });
+            reason = record
+                .reason
+                .map(|message| super::builder::job::BuildReason {
+                    message,
+                    step: None,
+                    log_entries: Vec::new(),
+                });
             match record.status {
-                BuildState::Waiting => super::build::job::BuildStatus::Waiting,
-                BuildState::Building => super::build::job::BuildStatus::Building,
-                BuildState::Ready => super::build::job::BuildStatus::Ready,
-                BuildState::Error => super::build::job::BuildStatus::Error,
+                BuildState::Waiting => super::builder::job::BuildStatus::Waiting,
+                BuildState::Building => super::builder::job::BuildStatus::Building,
+                BuildState::Ready => super::builder::job::BuildStatus::Ready,
+                BuildState::Error => super::builder::job::BuildStatus::Error,
             }
         } else if self.service.versions().load(&template.id, build_id).is_ok() {
-            super::build::job::BuildStatus::Ready
+            super::builder::job::BuildStatus::Ready
         } else {
             return Err(BuildsError::BuildNotFound {
                 template_id: template_id.into(),
@@ -796,8 +798,8 @@ impl TemplateBuilds {
             .is_some_and(|job| {
                 matches!(
                     job.status(),
-                    super::build::job::BuildStatus::Waiting
-                        | super::build::job::BuildStatus::Building
+                    super::builder::job::BuildStatus::Waiting
+                        | super::builder::job::BuildStatus::Building
                 )
             })
         {

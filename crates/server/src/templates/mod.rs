@@ -1,6 +1,6 @@
 //! Templates: the built-in `base` template and lookups. Template builds (`build`) hang off this module.
 
-pub mod build;
+pub mod builder;
 pub mod builds;
 pub mod code_interpreter;
 pub mod images;

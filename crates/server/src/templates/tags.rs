@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::store::{Store, StoreError, TemplateRecord};
-use crate::templates::build::versions::{TemplateVersions, VersionError};
+use crate::templates::builder::versions::{TemplateVersions, VersionError};
 
 /// The tag a build gets when it was requested without one.
 pub const DEFAULT_TAG: &str = "default";

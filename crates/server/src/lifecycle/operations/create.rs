@@ -61,7 +61,7 @@ pub(crate) struct StartSource {
     pub counts_as_template_spawn: bool,
     /// A built template without a checkpoint whose start_cmd must run (and ready_cmd pass) in every new
     /// sandbox, as the build's finalize step did.
-    pub cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+    pub cold_start: Option<crate::templates::builder::versions::BuiltTemplate>,
     /// What a fresh start grants beyond the default set (the template build's); a restored checkpoint
     /// carries its own capabilities and seccomp filter.
     pub privileges: TemplatePrivileges,
@@ -84,7 +84,7 @@ pub(crate) struct TemplateDefaults {
 /// How a sandbox of a built template begins.
 struct TemplateStartPlan {
     checkpoint: Option<PathBuf>,
-    cold_start: Option<crate::templates::build::versions::BuiltTemplate>,
+    cold_start: Option<crate::templates::builder::versions::BuiltTemplate>,
     privileges: TemplatePrivileges,
     defaults: TemplateDefaults,
 }
@@ -93,7 +93,7 @@ struct TemplateStartPlan {
 /// ready check passed), or else the build record when its start command must run at create. Neither
 /// for templates without a build record (the built-in `base`) or without a start command.
 fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateStartPlan {
-    let versions = crate::templates::build::versions::TemplateVersions::new(&config.state_dir);
+    let versions = crate::templates::builder::versions::TemplateVersions::new(&config.state_dir);
     let Ok(built) = versions.load(&template.id, &template.build_id) else {
         return TemplateStartPlan {
             checkpoint: None,
@@ -109,7 +109,7 @@ fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateS
         workdir: (built.workdir != "/").then(|| built.workdir.clone()),
     };
     let (checkpoint, cold_start) = match &built.start {
-        crate::templates::build::versions::TemplateStart::Checkpoint { dir } => {
+        crate::templates::builder::versions::TemplateStart::Checkpoint { dir } => {
             (Some(dir.clone()), None)
         }
         _ if built.start_cmd.is_some() => (None, Some(built)),
@@ -442,8 +442,8 @@ impl Lifecycle {
         record: &SandboxRecord,
         source: &StartSource,
         sandbox: &Sandbox,
-    ) -> Result<(), crate::templates::build::instantiate::InstantiateError> {
-        use crate::templates::build::{agent_commands::EnvdCommands, instantiate};
+    ) -> Result<(), crate::templates::builder::instantiate::InstantiateError> {
+        use crate::templates::builder::{agent_commands::EnvdCommands, instantiate};
         let Some(built) = source.cold_start.clone() else {
             return Ok(());
         };

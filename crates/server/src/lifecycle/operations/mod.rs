@@ -73,7 +73,7 @@ pub enum LifecycleError {
     TemplateStart {
         id: String,
         #[source]
-        source: crate::templates::build::instantiate::InstantiateError,
+        source: crate::templates::builder::instantiate::InstantiateError,
     },
     #[error("store failed")]
     Store(#[from] StoreError),

@@ -16,7 +16,7 @@ use super::{Lifecycle, LifecycleError};
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
 use crate::store::SandboxRecord;
-use crate::templates::build::agent_commands::{EnvdCommands, RunningProcess};
+use crate::templates::builder::agent_commands::{EnvdCommands, RunningProcess};
 
 /// The orphans in `processes` (a sandbox's, PIDs as it sees them) given the PIDs its agent `started`:
 /// children of PID 1 that are not among them, and all their descendants, in listing order.

@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::Arc;
 
-use super::build::service::{ServiceError, TemplateDir};
+use super::builder::service::{ServiceError, TemplateDir};
 use super::builds::{BuildsError, TemplateBuilds};
 
 /// The template id, and the name E2B's SDKs ask for by default.

@@ -1,7 +1,7 @@
 //! Image layers in the build layer store, content-addressed by blob digest: layer `sha256:<hex>` is
 //! the cached layer `img-<hex>` (`<state>/layers/img-<hex>/fs`). A layer any template already pulled is
 //! neither fetched nor unpacked again; every template version lists the image layers it stacks in its
-//! `layer_keys`, so [`super::super::build::versions::TemplateVersions::prune_layers`] removes an image
+//! `layer_keys`, so [`super::super::builder::versions::TemplateVersions::prune_layers`] removes an image
 //! layer once no version (and no live sandbox the caller names) uses it.
 //!
 //! A layer is fetched to a temp file inside its pending directory (verified against its digest while
@@ -10,7 +10,7 @@
 
 use std::path::PathBuf;
 
-use super::super::build::layers::{LayerError, LayerStore};
+use super::super::builder::layers::{LayerError, LayerStore};
 use super::registry::{ImageLayer, RegistryClient, RegistryError, ResolvedImage};
 use super::unpack::{unpack_layer, UnpackError, UnpackStats};
 

@@ -291,7 +291,7 @@ fn copy_action(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::templates::build::base_image::ImageFamily;
+    use crate::templates::builder::base_image::ImageFamily;
     use std::collections::HashMap;
     use std::fs;
 

@@ -785,12 +785,12 @@ fn runtime_err(step: &PlanStep, source: RuntimeError) -> BuildError {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::templates::build::agent_commands::{BackgroundProcess, OutputSink};
-    use crate::templates::build::base_image;
-    use crate::templates::build::context::BuildContext;
-    use crate::templates::build::dockerfile_plan::{plan_dockerfile, DockerfileInput};
-    use crate::templates::build::e2b_toml::E2bToml;
-    use crate::templates::build::job::{BuildStatus, StepStatus};
+    use crate::templates::builder::agent_commands::{BackgroundProcess, OutputSink};
+    use crate::templates::builder::base_image;
+    use crate::templates::builder::context::BuildContext;
+    use crate::templates::builder::dockerfile_plan::{plan_dockerfile, DockerfileInput};
+    use crate::templates::builder::e2b_toml::E2bToml;
+    use crate::templates::builder::job::{BuildStatus, StepStatus};
     use std::collections::BTreeMap;
     use std::net::{Ipv4Addr, SocketAddr};
     use std::sync::{Arc, Mutex};

@@ -475,7 +475,7 @@ mod tests {
     /// The body and upload the official SDK produced (tests/templates/sdk-builder) plan end to end.
     #[test]
     fn official_sdk_request_and_upload_plan() {
-        use crate::templates::build::plan::StepAction;
+        use crate::templates::builder::plan::StepAction;
         let fixture =
             Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/templates/sdk-builder");
         let body: TemplateBuildStartV2 =

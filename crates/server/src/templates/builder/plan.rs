@@ -467,7 +467,7 @@ pub fn parse_mode(text: &str) -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::templates::build::base_image;
+    use crate::templates::builder::base_image;
 
     fn image_base(image: &str) -> BaseSource {
         BaseSource::Image(base_image::resolve(image, Path::new("/nonexistent/rootfs")).unwrap())

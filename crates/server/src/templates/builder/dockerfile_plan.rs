@@ -635,7 +635,7 @@ fn clean_absolute(path: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::templates::build::context::EntryKind;
+    use crate::templates::builder::context::EntryKind;
     use std::fs;
 
     struct Fixture {
@@ -741,7 +741,7 @@ mod tests {
         assert_eq!(plan.final_state.workdir, "/home/user");
         assert_eq!(
             plan.final_state.env["PATH"],
-            crate::templates::build::plan::DEFAULT_PATH
+            crate::templates::builder::plan::DEFAULT_PATH
         );
     }
 

@@ -730,7 +730,7 @@ fn set_owner_mode(host: &Path, uid: u32, gid: u32, mode: Option<u32>) -> Result<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::templates::build::context::BuildContext;
+    use crate::templates::builder::context::BuildContext;
 
     fn base_rootfs() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
