@@ -90,6 +90,10 @@ pub trait CommandRunner: Send + Sync {
         command: &CommandSpec,
         on_output: OutputSink,
     ) -> Result<Box<dyn BackgroundProcess>, CommandError>;
+
+    /// The processes the agent runs for its clients, asked on a connection of its own with a short
+    /// timeout (to tell whether an agent whose stream broke still answers).
+    fn processes(&self, agent: SocketAddr) -> Result<Vec<RunningProcess>, CommandError>;
 }
 
 /// The keepalive interval asked of the agent (`Keepalive-Ping-Interval`), in seconds.
@@ -263,6 +267,17 @@ impl EnvdCommands {
 }
 
 impl CommandRunner for EnvdCommands {
+    fn processes(&self, agent: SocketAddr) -> Result<Vec<RunningProcess>, CommandError> {
+        EnvdCommands {
+            agent: ureq::AgentBuilder::new()
+                .timeout(Duration::from_secs(10))
+                .max_idle_connections(0)
+                .build(),
+            access_token: self.access_token.clone(),
+        }
+        .running(agent)
+    }
+
     fn run(
         &self,
         agent: SocketAddr,

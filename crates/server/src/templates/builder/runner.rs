@@ -460,10 +460,15 @@ impl<'a> TemplateBuilder<'a> {
                 };
                 let code = self
                     .run_logged(sandbox.agent_addr(), &command, &step.id, job)
-                    .map_err(|source| BuildError::Command {
-                        step: step.id.clone(),
-                        title: step.title.clone(),
-                        source: Box::new(source),
+                    .map_err(|source| {
+                        if matches!(source, CommandError::Transport { .. }) {
+                            self.diagnose_lost_stream(&sandbox, &step.id, job);
+                        }
+                        BuildError::Command {
+                            step: step.id.clone(),
+                            title: step.title.clone(),
+                            source: Box::new(source),
+                        }
                     })?;
                 if code != 0 {
                     return Err(BuildError::StepFailed {
@@ -529,6 +534,47 @@ impl<'a> TemplateBuilder<'a> {
         self.layers
             .commit(pending, &step.title)
             .map_err(|source| layer_err(step, source))
+    }
+
+    /// The stream of a step's command broke or went silent: says in the build log (and the server's)
+    /// what the sandbox looked like then, so the failure can be told apart (the agent gone or
+    /// unresponsive, the sandbox frozen, its link down, the command still running).
+    fn diagnose_lost_stream(&self, sandbox: &warren_runtime::Sandbox, step: &str, job: &BuildJob) {
+        let mut facts = Vec::new();
+        let link = warren_runtime::network::veth_name("wv", sandbox.ip);
+        let operstate = std::fs::read_to_string(format!("/sys/class/net/{link}/operstate"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_else(|e| format!("unreadable ({e})"));
+        facts.push(format!("host link {link}: {operstate}"));
+        match self.runtime.stats(&sandbox.id) {
+            Ok(stats) => facts.push(format!(
+                "cpu {:.0}%, memory {} of {} MiB, {} tasks, {} OOM kills",
+                stats.cpu_percent,
+                stats.memory_bytes >> 20,
+                stats.memory_limit_bytes >> 20,
+                stats.pids,
+                stats.oom_kills
+            )),
+            Err(e) => facts.push(format!("stats: {e}")),
+        }
+        match self.runtime.processes(&sandbox.id) {
+            Ok(list) => facts.push(format!(
+                "processes: {}",
+                list.iter()
+                    .map(|p| format!("{} {:.0}% {}", p.pid, p.cpu_percent, p.command))
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            )),
+            Err(e) => facts.push(format!("processes: {e}")),
+        }
+        let agent = match self.commands.processes(sandbox.agent_addr()) {
+            Ok(list) => format!("answers, {} processes of its clients running", list.len()),
+            Err(e) => format!("does not answer: {e}"),
+        };
+        facts.push(format!("agent {agent}"));
+        let text = format!("the command's stream was lost; {}", facts.join(" | "));
+        tracing::warn!(sandbox = %sandbox.id, step, "{text}");
+        job.log(LogLevel::Warn, Some(step), text);
     }
 
     /// Runs a command, logging its output line by line under `step`.
@@ -906,6 +952,12 @@ mod tests {
     }
 
     impl CommandRunner for FakeCommands {
+        fn processes(
+            &self,
+            _: std::net::SocketAddr,
+        ) -> Result<Vec<super::super::agent_commands::RunningProcess>, CommandError> {
+            Ok(Vec::new())
+        }
         fn run(
             &self,
             _: SocketAddr,
@@ -999,6 +1051,12 @@ mod tests {
     }
 
     impl CommandRunner for HangingCommands {
+        fn processes(
+            &self,
+            _: std::net::SocketAddr,
+        ) -> Result<Vec<super::super::agent_commands::RunningProcess>, CommandError> {
+            Ok(Vec::new())
+        }
         fn run(
             &self,
             addr: SocketAddr,

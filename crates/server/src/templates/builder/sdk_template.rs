@@ -87,7 +87,8 @@ pub trait SdkPlanEnv {
 }
 
 /// `fromImageRegistry` as the SDK sends it: `{type: "registry", username, password}` from
-/// `from_image(image, username, password)`; the AWS and GCP forms are refused by name.
+/// `from_image(image, username, password)`, `{type: "gcp", serviceAccountJson}` from
+/// `from_gcp_registry`; the AWS form is refused by name.
 fn registry_credentials(
     value: Option<&serde_json::Value>,
 ) -> Result<Option<RegistryCredentials>, SdkTemplateError> {
@@ -105,11 +106,32 @@ fn registry_credentials(
             }
             Ok(Some(RegistryCredentials::new(username, password)))
         }
-        kind @ ("aws" | "gcp") => Err(SdkTemplateError::Registry(format!(
-            "type {kind} (from_{kind}_registry) is not supported: give the registry's username and password (from_image(image, username, password))"
-        ))),
+        // Google's registries (Artifact Registry, gcr.io) take a service account key as the
+        // password of the user `_json_key` and exchange it for a token themselves.
+        "gcp" => {
+            let key = text("serviceAccountJson");
+            let parsed: serde_json::Value = serde_json::from_str(key).map_err(|e| {
+                SdkTemplateError::Registry(format!(
+                    "type gcp: serviceAccountJson is not JSON ({e})"
+                ))
+            })?;
+            if parsed.get("type").and_then(|t| t.as_str()) != Some("service_account")
+                || parsed.get("private_key").is_none()
+            {
+                return Err(SdkTemplateError::Registry(
+                    "type gcp: serviceAccountJson is not a service account key (type \"service_account\" with a private_key)".into(),
+                ));
+            }
+            Ok(Some(RegistryCredentials::new("_json_key", key)))
+        }
+        "aws" => Err(SdkTemplateError::Registry(
+            "type aws (from_aws_registry) is not supported: ECR needs a signed GetAuthorizationToken call; \
+             give the registry's user AWS and the token of `aws ecr get-login-password` instead \
+             (from_image(image, \"AWS\", token))"
+                .into(),
+        )),
         other => Err(SdkTemplateError::Registry(format!(
-            "unknown type {other:?} (supported: registry)"
+            "unknown type {other:?} (supported: registry, gcp)"
         ))),
     }
 }
@@ -291,6 +313,15 @@ fn copy_action(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gcp_service_account_key_logs_in_as_json_key() {
+        let key = r#"{"type":"service_account","client_email":"b@p.iam.test","private_key":"-----BEGIN PRIVATE KEY-----"}"#;
+        let value = serde_json::json!({"type": "gcp", "serviceAccountJson": key});
+        let credentials = registry_credentials(Some(&value)).unwrap().unwrap();
+        assert_eq!(credentials, RegistryCredentials::new("_json_key", key));
+        assert!(!format!("{credentials:?}").contains("PRIVATE KEY"));
+    }
     use crate::templates::builder::base_image::ImageFamily;
     use std::collections::HashMap;
     use std::fs;
@@ -535,6 +566,8 @@ mod tests {
         );
         for bad in [
             r#"{"fromImage":"x","fromImageRegistry":{"type":"aws","awsAccessKeyId":"a"}}"#,
+            r#"{"fromImage":"x","fromImageRegistry":{"type":"gcp","serviceAccountJson":"not json"}}"#,
+            r#"{"fromImage":"x","fromImageRegistry":{"type":"gcp","serviceAccountJson":"{\"type\":\"user\"}"}}"#,
             r#"{"fromImage":"x","fromImageRegistry":{"type":"registry","username":"a"}}"#,
             r#"{"fromTemplate":"t","fromImageRegistry":{"type":"registry","username":"a","password":"b"}}"#,
         ] {
