@@ -392,20 +392,7 @@ fn plan_copy_from(
             stages.len() - 1
         }
     };
-    let mut args = match &ins.body {
-        Body::Json(list) => list
-            .iter()
-            .map(|w| expand_word(w, &vars, escape))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(word_err)?,
-        Body::Text(text) => expand_words(text, &vars, escape).map_err(word_err)?,
-    };
-    if args.len() < 2 {
-        return Err(invalid(format!(
-            "{keyword} needs a source and a destination"
-        )));
-    }
-    let dest_raw = args.pop().unwrap_or_default();
+    let (args, dest_raw) = copy_operands(ins, &vars, escape)?;
     if let Some(glob) = args.iter().find(|s| s.contains(['*', '?', '['])) {
         return Err(invalid(format!(
             "{keyword} --from with a wildcard ({glob}) is not supported; name the paths"
@@ -423,17 +410,7 @@ fn plan_copy_from(
         )));
     }
     let dest = clean_absolute(&b.state.absolute(&dest_raw));
-    let owner = match ins.flag("chown") {
-        Some(raw) => Some(expand_word(raw, &vars, escape).map_err(word_err)?),
-        None => None,
-    };
-    let mode = match ins.flag("chmod") {
-        Some(raw) => Some(
-            parse_mode(raw)
-                .ok_or_else(|| invalid(format!("bad --chmod {raw:?} (octal expected)")))?,
-        ),
-        None => None,
-    };
+    let (owner, mode) = owner_and_mode(ins, &vars, escape)?;
     let shown = stages[stage]
         .name
         .clone()
@@ -531,7 +508,6 @@ fn plan_copy(
 ) -> Result<(), DockerfilePlanError> {
     let line = ins.line;
     let keyword = ins.keyword.name();
-    let word_err = |source| DockerfilePlanError::Word { line, source };
     let invalid = |message: String| DockerfilePlanError::Invalid { line, message };
     let vars = b.state.vars();
     let allowed: &[&str] = &["chown", "chmod", "link"];
@@ -540,21 +516,7 @@ fn plan_copy(
             return Err(invalid(format!("{keyword} --{flag} is not supported")));
         }
     }
-    let mut args = match &ins.body {
-        Body::Json(list) => list
-            .iter()
-            .map(|w| expand_word(w, &vars, escape))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(word_err)?,
-        Body::Text(text) => expand_words(text, &vars, escape).map_err(word_err)?,
-    };
-    if args.len() < 2 {
-        return Err(invalid(format!(
-            "{keyword} needs a source and a destination"
-        )));
-    }
-    let dest_raw = args.pop().unwrap_or_default();
-    let sources = args;
+    let (sources, dest_raw) = copy_operands(ins, &vars, escape)?;
     if let Some(url) = sources
         .iter()
         .find(|s| s.contains("://") || s.starts_with("git@"))
@@ -592,17 +554,7 @@ fn plan_copy(
         keyword,
         source,
     })?;
-    let owner = match ins.flag("chown") {
-        Some(raw) => Some(expand_word(raw, &vars, escape).map_err(word_err)?),
-        None => None,
-    };
-    let mode = match ins.flag("chmod") {
-        Some(raw) => Some(
-            parse_mode(raw)
-                .ok_or_else(|| invalid(format!("bad --chmod {raw:?} (octal expected)")))?,
-        ),
-        None => None,
-    };
+    let (owner, mode) = owner_and_mode(ins, &vars, escape)?;
     b.copy(
         id,
         format!("{keyword} {} {dest_raw}", sources.join(" ")),
@@ -615,6 +567,56 @@ fn plan_copy(
         false,
     );
     Ok(())
+}
+
+/// The sources and the destination of a COPY/ADD, words expanded.
+fn copy_operands(
+    ins: &Instruction,
+    vars: &Vars,
+    escape: char,
+) -> Result<(Vec<String>, String), DockerfilePlanError> {
+    let line = ins.line;
+    let word_err = |source| DockerfilePlanError::Word { line, source };
+    let mut args = match &ins.body {
+        Body::Json(list) => list
+            .iter()
+            .map(|w| expand_word(w, vars, escape))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(word_err)?,
+        Body::Text(text) => expand_words(text, vars, escape).map_err(word_err)?,
+    };
+    if args.len() < 2 {
+        return Err(DockerfilePlanError::Invalid {
+            line,
+            message: format!("{} needs a source and a destination", ins.keyword.name()),
+        });
+    }
+    let dest = args.pop().unwrap_or_default();
+    Ok((args, dest))
+}
+
+/// `--chown` (expanded) and `--chmod` (octal) of a COPY/ADD.
+fn owner_and_mode(
+    ins: &Instruction,
+    vars: &Vars,
+    escape: char,
+) -> Result<(Option<String>, Option<u32>), DockerfilePlanError> {
+    let line = ins.line;
+    let owner = match ins.flag("chown") {
+        Some(raw) => Some(
+            expand_word(raw, vars, escape)
+                .map_err(|source| DockerfilePlanError::Word { line, source })?,
+        ),
+        None => None,
+    };
+    let mode = match ins.flag("chmod") {
+        Some(raw) => Some(parse_mode(raw).ok_or_else(|| DockerfilePlanError::Invalid {
+            line,
+            message: format!("bad --chmod {raw:?} (octal expected)"),
+        })?),
+        None => None,
+    };
+    Ok((owner, mode))
 }
 
 /// Resolves `.` and `..` in an absolute path.
