@@ -88,7 +88,8 @@ pub trait SdkPlanEnv {
 
 /// `fromImageRegistry` as the SDK sends it: `{type: "registry", username, password}` from
 /// `from_image(image, username, password)`, `{type: "gcp", serviceAccountJson}` from
-/// `from_gcp_registry`; the AWS form is refused by name.
+/// `from_gcp_registry`, `{type: "aws", awsAccessKeyId, awsSecretAccessKey, awsRegion}` from
+/// `from_aws_registry` (exchanged with ECR for a login).
 fn registry_credentials(
     value: Option<&serde_json::Value>,
 ) -> Result<Option<RegistryCredentials>, SdkTemplateError> {
@@ -124,14 +125,19 @@ fn registry_credentials(
             }
             Ok(Some(RegistryCredentials::new("_json_key", key)))
         }
-        "aws" => Err(SdkTemplateError::Registry(
-            "type aws (from_aws_registry) is not supported: ECR needs a signed GetAuthorizationToken call; \
-             give the registry's user AWS and the token of `aws ecr get-login-password` instead \
-             (from_image(image, \"AWS\", token))"
-                .into(),
-        )),
+        // ECR hands out registry logins to a SigV4-signed GetAuthorizationToken call.
+        "aws" => {
+            let keys = crate::templates::images::ecr::AwsKeys {
+                access_key_id: text("awsAccessKeyId").to_string(),
+                secret_access_key: text("awsSecretAccessKey").to_string(),
+                region: text("awsRegion").to_string(),
+            };
+            crate::templates::images::ecr::login(&keys)
+                .map(Some)
+                .map_err(|e| SdkTemplateError::Registry(format!("type aws: {e}")))
+        }
         other => Err(SdkTemplateError::Registry(format!(
-            "unknown type {other:?} (supported: registry, gcp)"
+            "unknown type {other:?} (supported: registry, aws, gcp)"
         ))),
     }
 }

@@ -6,6 +6,7 @@
 //! config (small requests); the layer blobs are fetched and unpacked by the build itself, once per
 //! digest for every template on this node.
 
+pub mod ecr;
 pub mod image_layers;
 pub mod image_setup;
 pub mod registry;
