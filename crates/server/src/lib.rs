@@ -164,6 +164,12 @@ impl Server {
             Arc::new(templates::builder::agent_commands::EnvdCommands::new()),
             templates::builder::runner::BuildSettings {
                 build_timeout: config.build_timeout,
+                admission: Some(templates::builder::runner::Admission(Arc::new(
+                    LifecycleAdmission {
+                        lifecycle: Arc::clone(&lifecycle),
+                        handle: tokio::runtime::Handle::current(),
+                    },
+                ))),
                 ..templates::builder::runner::BuildSettings::new(&config.state_dir)
             },
             Some(config.base_rootfs.clone()),
@@ -298,5 +304,45 @@ async fn wait_for_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+/// Template builds' sandboxes are admitted by the lifecycle like every other sandbox (the build
+/// threads are plain threads, so they wait on the server's runtime for the answer).
+struct LifecycleAdmission {
+    lifecycle: Arc<lifecycle::Lifecycle>,
+    handle: tokio::runtime::Handle,
+}
+
+impl templates::builder::runner::BuildAdmission for LifecycleAdmission {
+    fn admit(
+        &self,
+        template_id: &str,
+        id: &str,
+        resources: &warren_runtime::Resources,
+    ) -> Result<(), String> {
+        let request = lifecycle::admission::Request {
+            vcpus: resources.vcpus,
+            memory_mib: resources.memory_mib,
+            max_pids: resources.max_pids,
+            disk_mib: resources.disk_mib,
+        };
+        self.handle.block_on(async {
+            let team = self
+                .lifecycle
+                .store()
+                .get_template(template_id)
+                .await
+                .map_err(|e| e.to_string())?
+                .map(|template| template.team_id);
+            self.lifecycle
+                .admit_build_sandbox(id, team.as_deref(), request)
+                .await
+                .map_err(|e| e.to_string())
+        })
+    }
+
+    fn release(&self, id: &str) {
+        self.lifecycle.release_build_sandbox(id);
     }
 }

@@ -319,6 +319,40 @@ async fn quotas_refuse_with_429() {
     )
     .await;
 
+    // A template build's sandbox holds a place like any other: while it lives, a create is refused,
+    // and a second build sandbox is not admitted either.
+    let build = warren_server::lifecycle::admission::Request {
+        vcpus: 1.0,
+        memory_mib: 512,
+        max_pids: 1024,
+        disk_mib: 1024,
+    };
+    let lifecycle = &h.server.server.lifecycle;
+    lifecycle
+        .admit_build_sandbox("bld-test-1", None, build)
+        .await
+        .expect("room for one build sandbox");
+    let refused = h
+        .api(
+            Method::POST,
+            "/v2/sandboxes",
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    assert_error(&refused, StatusCode::TOO_MANY_REQUESTS, "sandbox limit");
+    let second = lifecycle
+        .admit_build_sandbox("bld-test-2", None, build)
+        .await;
+    assert!(second.unwrap_err().to_string().contains("sandbox limit"));
+    lifecycle.release_build_sandbox("bld-test-1");
+    let after = h.create(json!({"templateID": "base"})).await;
+    h.api(
+        Method::DELETE,
+        &format!("/sandboxes/{}", after["sandboxID"].as_str().unwrap()),
+        None,
+    )
+    .await;
+
     let h2 = Harness::start(false, |c| c.limits.max_total_memory_mib = 256).await;
     let refused = h2
         .api(

@@ -220,12 +220,18 @@ impl Lifecycle {
             };
             let team = self.store.get_team(&record.team_id).await?;
             let team_live = live.iter().filter(|s| s.team_id == record.team_id);
-            let usage = Usage::of(&live, max_pids);
+            // Template builds' sandboxes hold resources too.
+            let usage = self.usage_with_builds(Usage::of(&live, max_pids), None, None);
             let refused = admission::admit(&self.config.limits, usage, request, capacity)
                 .err()
                 .or_else(|| {
                     let team = team.as_ref()?;
-                    admission::admit_team(team, Usage::of(team_live, max_pids), request).err()
+                    let own = self.usage_with_builds(
+                        Usage::of(team_live, max_pids),
+                        None,
+                        Some(&record.team_id),
+                    );
+                    admission::admit_team(team, own, request).err()
                 });
             if let Some(refused) = refused {
                 self.metrics.admission_refused();

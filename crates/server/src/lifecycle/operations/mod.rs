@@ -33,7 +33,7 @@ use super::routes::{Route, RouteTable};
 use super::state::{InvalidTransition, SandboxState};
 use crate::config::ServerConfig;
 use crate::metrics::Metrics;
-use crate::store::{Millis, SandboxRecord, Store, StoreError, TransitionUpdate};
+use crate::store::{Millis, SandboxFilter, SandboxRecord, Store, StoreError, TransitionUpdate};
 
 /// User the agent runs commands as unless a request names another.
 const DEFAULT_USER: &str = "user";
@@ -116,6 +116,9 @@ pub struct Lifecycle {
     log_cursors: Mutex<HashMap<String, u64>>,
     /// The sandboxes template builds work in now (set once the build service exists).
     build_sandboxes: Mutex<Option<BuildSandboxSource>>,
+    /// What the template builds' sandboxes hold, by sandbox: admitted like every other sandbox
+    /// and counted in every admission while they live.
+    build_usage: Mutex<HashMap<String, (Option<String>, super::admission::Request)>>,
 }
 
 /// Answers which template-build sandboxes a running build works in.
@@ -163,7 +166,86 @@ impl Lifecycle {
             activity: Arc::default(),
             log_cursors: Mutex::new(HashMap::new()),
             build_sandboxes: Mutex::new(None),
+            build_usage: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Admits a template build's sandbox `id` asking for `request`, against the host's limits and
+    /// capacity with every live sandbox and every other build sandbox counted, and against the
+    /// quotas of `team` (the template's) with that team's; it counts itself until
+    /// [`Lifecycle::release_build_sandbox`].
+    pub async fn admit_build_sandbox(
+        &self,
+        id: &str,
+        team: Option<&str>,
+        request: super::admission::Request,
+    ) -> Result<(), LifecycleError> {
+        let _admitting = self.admission.lock().await;
+        let live = self
+            .store
+            .list_sandboxes(&SandboxFilter {
+                states: SandboxState::ALL
+                    .into_iter()
+                    .filter(|s| s.holds_resources())
+                    .collect(),
+                ..SandboxFilter::default()
+            })
+            .await?;
+        let capacity = self
+            .on_runtime(|runtime| runtime.host_capacity())
+            .await
+            .map_err(runtime_error("measure the host for", id))?;
+        let max_pids = self.config.default_resources.max_pids;
+        let usage =
+            self.usage_with_builds(super::admission::Usage::of(&live, max_pids), Some(id), None);
+        super::admission::admit(&self.config.limits, usage, request, capacity)
+            .map_err(LifecycleError::from)?;
+        if let Some(team_id) = team {
+            if let Some(record) = self.store.get_team(team_id).await? {
+                let own = live.iter().filter(|s| s.team_id == team_id);
+                let usage = self.usage_with_builds(
+                    super::admission::Usage::of(own, max_pids),
+                    Some(id),
+                    Some(team_id),
+                );
+                super::admission::admit_team(&record, usage, request)
+                    .map_err(LifecycleError::from)?;
+            }
+        }
+        self.build_usage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id.to_string(), (team.map(str::to_string), request));
+        Ok(())
+    }
+
+    /// The build sandbox `id` is gone: it no longer counts.
+    pub fn release_build_sandbox(&self, id: &str) {
+        self.build_usage
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(id);
+    }
+
+    /// `usage` plus what the live build sandboxes hold (but `except`; only `team`'s when given).
+    pub(crate) fn usage_with_builds(
+        &self,
+        mut usage: super::admission::Usage,
+        except: Option<&str>,
+        team: Option<&str>,
+    ) -> super::admission::Usage {
+        let builds = self.build_usage.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, (owner, held)) in builds.iter() {
+            if Some(id.as_str()) == except || team.is_some_and(|t| owner.as_deref() != Some(t)) {
+                continue;
+            }
+            usage.sandboxes += 1;
+            usage.vcpus += held.vcpus;
+            usage.memory_mib += held.memory_mib;
+            usage.tasks += held.max_pids;
+            // Their disks are on the host already, where the capacity measurement sees them.
+        }
+        usage
     }
 
     /// Where the reconciler learns which template-build sandboxes are in use: it renews their

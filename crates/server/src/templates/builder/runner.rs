@@ -103,6 +103,31 @@ pub struct BuildSettings {
     pub ready_interval: Duration,
     /// Which image registries may be reached without TLS (loopback ones always may).
     pub registry: RegistrySettings,
+    /// Admits each build sandbox on the host like any other sandbox (the server's lifecycle);
+    /// None: no check (unit tests, the CLI's local builds).
+    pub admission: Option<Admission>,
+    /// How long a build sandbox waits for room before the build fails saying why.
+    pub admission_wait: Duration,
+}
+
+/// How the host admits a build's sandboxes: against its limits and capacity, with every other
+/// sandbox counted.
+pub trait BuildAdmission: Send + Sync {
+    /// Admits sandbox `id` of a build of `template_id` with `resources`, or says why there is no
+    /// room now.
+    fn admit(&self, template_id: &str, id: &str, resources: &Resources) -> Result<(), String>;
+    /// Sandbox `id` is gone (or was never made): it stops counting.
+    fn release(&self, id: &str);
+}
+
+/// A [`BuildAdmission`] in the build settings.
+#[derive(Clone)]
+pub struct Admission(pub std::sync::Arc<dyn BuildAdmission>);
+
+impl std::fmt::Debug for Admission {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Admission")
+    }
 }
 
 impl BuildSettings {
@@ -121,6 +146,8 @@ impl BuildSettings {
             build_timeout: Duration::from_secs(3600),
             ready_interval: Duration::from_millis(500),
             registry: RegistrySettings::from_env(),
+            admission: None,
+            admission_wait: Duration::from_secs(300),
         }
     }
 }
@@ -137,6 +164,7 @@ pub struct TemplateBuilder<'a> {
 /// Destroys a build sandbox however the step ends.
 struct SandboxGuard<'a> {
     runtime: &'a dyn Runtime,
+    admission: Option<&'a Admission>,
     id: String,
     armed: bool,
     job: &'a BuildJob,
@@ -149,6 +177,10 @@ impl Drop for SandboxGuard<'_> {
             if let Err(e) = self.runtime.destroy(&self.id) {
                 tracing::warn!(sandbox = %self.id, error = %e, "destroying build sandbox");
             }
+        }
+        // Destroyed here, or torn down by its checkpoint: it no longer holds anything.
+        if let Some(admission) = self.admission {
+            admission.0.release(&self.id);
         }
     }
 }
@@ -437,11 +469,11 @@ impl<'a> TemplateBuilder<'a> {
                     syscalls: Default::default(),
                 };
                 let sandbox = self
-                    .runtime
-                    .create(&spec)
+                    .create_sandbox(&spec, &step.id, job)?
                     .map_err(|source| runtime_err(step, source))?;
                 let _guard = SandboxGuard {
                     runtime: self.runtime,
+                    admission: self.settings.admission.as_ref(),
                     id: sandbox_id.clone(),
                     armed: true,
                     job,
@@ -534,6 +566,59 @@ impl<'a> TemplateBuilder<'a> {
         self.layers
             .commit(pending, &step.title)
             .map_err(|source| layer_err(step, source))
+    }
+
+    /// Creates a build sandbox once the host admits it: a full host makes the build wait (saying so
+    /// once in its log) rather than fail, until there is room or the build is stopped. The outer
+    /// error is the stop; the inner one the runtime's.
+    fn create_sandbox(
+        &self,
+        spec: &SandboxSpec,
+        step: &str,
+        job: &BuildJob,
+    ) -> Result<Result<warren_runtime::Sandbox, RuntimeError>, BuildError> {
+        let Some(admission) = &self.settings.admission else {
+            return Ok(self.runtime.create(spec));
+        };
+        let mut said = false;
+        let template_id = job.snapshot().template_id;
+        let give_up = Instant::now() + self.settings.admission_wait;
+        loop {
+            match admission.0.admit(&template_id, &spec.id, &spec.resources) {
+                Ok(()) => break,
+                Err(reason) => {
+                    if let Some(stopped) = job.stop_reason() {
+                        return Err(BuildError::Stopped {
+                            step: Some(step.to_string()),
+                            reason: stopped,
+                        });
+                    }
+                    if Instant::now() >= give_up {
+                        return Err(BuildError::Stopped {
+                            step: Some(step.to_string()),
+                            reason: format!(
+                                "no room on the host for the build's sandbox after {} s: {reason}",
+                                self.settings.admission_wait.as_secs()
+                            ),
+                        });
+                    }
+                    if !said {
+                        job.log(
+                            LogLevel::Warn,
+                            Some(step),
+                            format!("waiting for room on the host: {reason}"),
+                        );
+                        said = true;
+                    }
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            }
+        }
+        let created = self.runtime.create(spec);
+        if created.is_err() {
+            admission.0.release(&spec.id);
+        }
+        Ok(created)
     }
 
     /// The stream of a step's command broke or went silent: says in the build log (and the server's)
@@ -651,11 +736,11 @@ impl<'a> TemplateBuilder<'a> {
             },
         };
         let sandbox = self
-            .runtime
-            .create(&spec)
+            .create_sandbox(&spec, FINALIZE_STEP, job)?
             .map_err(|e| finalize(format!("creating the start sandbox: {e}")))?;
         let mut guard = SandboxGuard {
             runtime: self.runtime,
+            admission: self.settings.admission.as_ref(),
             id: sandbox_id.clone(),
             armed: true,
             job,
@@ -1224,6 +1309,84 @@ mod tests {
         let again = builder.build(&plan, "t1", "b2", &job2).unwrap();
         assert_eq!(again.cached_steps, 2);
         assert_eq!(runtime.created.lock().unwrap().len(), 2);
+    }
+
+    /// Says "no room" a given number of times, then admits; records what it admitted and released.
+    #[derive(Default)]
+    struct Stingy {
+        refusals: std::sync::atomic::AtomicUsize,
+        admitted: Mutex<Vec<String>>,
+        released: Mutex<Vec<String>>,
+    }
+
+    impl BuildAdmission for Stingy {
+        fn admit(&self, _: &str, id: &str, _: &Resources) -> Result<(), String> {
+            use std::sync::atomic::Ordering;
+            if self
+                .refusals
+                .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                return Err("sandbox limit reached".into());
+            }
+            self.admitted.lock().unwrap().push(id.to_string());
+            Ok(())
+        }
+
+        fn release(&self, id: &str) {
+            self.released.lock().unwrap().push(id.to_string());
+        }
+    }
+
+    #[test]
+    fn build_sandboxes_wait_for_room_and_are_released_when_they_go() {
+        let setup = Setup::new();
+        let runtime = FakeRuntime::default();
+        let commands = FakeCommands::default();
+        let stingy = Arc::new(Stingy {
+            refusals: std::sync::atomic::AtomicUsize::new(2),
+            ..Stingy::default()
+        });
+        let settings = BuildSettings {
+            admission: Some(Admission(stingy.clone())),
+            ..setup.settings()
+        };
+        let builder = TemplateBuilder::new(&runtime, &commands, settings);
+        let plan = setup.plan(DOCKERFILE, None);
+        let job = BuildJob::new("t1", "b1");
+        builder.build(&plan, "t1", "b1", &job).unwrap();
+        let waits = job
+            .snapshot()
+            .logs
+            .iter()
+            .filter(|l| {
+                l.message
+                    .contains("waiting for room on the host: sandbox limit")
+            })
+            .count();
+        assert_eq!(waits, 1, "said once per sandbox that had to wait");
+        let admitted = stingy.admitted.lock().unwrap().clone();
+        assert_eq!(admitted.len(), runtime.created.lock().unwrap().len());
+        assert_eq!(*stingy.released.lock().unwrap(), admitted);
+
+        // A stopped build stops waiting.
+        let never = Arc::new(Stingy {
+            refusals: std::sync::atomic::AtomicUsize::new(usize::MAX),
+            ..Stingy::default()
+        });
+        let settings = BuildSettings {
+            admission: Some(Admission(never)),
+            ..setup.settings()
+        };
+        let builder = TemplateBuilder::new(&runtime, &commands, settings);
+        let job = BuildJob::new("t1", "b2");
+        job.request_stop("stopped by the test");
+        let uncached = setup.plan(&DOCKERFILE.replace("echo done", "echo other"), None);
+        let failed = builder.build(&uncached, "t1", "b2", &job).unwrap_err();
+        assert!(
+            failed.to_string().contains("stopped by the test"),
+            "{failed}"
+        );
     }
 
     #[test]
