@@ -208,7 +208,7 @@ def test_egress_proxy_tunnels_the_sandbox_tcp_through_its_socks5_proxy(sdk_env, 
         assert _get(sandbox, f"{a}/peer", "anything") == f"served-by {a} from {local}"
 
         with pytest.raises(SandboxException, match="400: network.egressProxy: .* may never reach"):
-            Sandbox.create(network={"egress_proxy": {"address": "10.1.2.3:1080"}}, timeout=60)
+            Sandbox.create(network={"egress_proxy": {"address": "10.77.255.250:1080"}}, timeout=60)
     finally:
         socks.kill()
         socks.wait()

@@ -343,7 +343,7 @@ fn a_sandbox_s_tcp_goes_through_its_socks5_proxy_and_nowhere_else() {
 
     // Checked before use: an address sandboxes may never reach, a name that does not resolve.
     for (bad, needle) in [
-        (proxy("10.1.2.3", 1080), "may never reach"),
+        (proxy("10.77.255.250", 1080), "may never reach"),
         (proxy("inside.test", 1080), "may never reach"),
         (proxy("nowhere.test", 1080), "did not resolve"),
     ] {
