@@ -14,7 +14,7 @@ use crate::lifecycle::admission::{self, Request, Usage};
 use crate::lifecycle::agent_init::init_agent;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{SandboxFilter, SandboxRecord, TemplateRecord, TransitionUpdate};
+use crate::store::{SandboxRecord, TemplateRecord, TransitionUpdate};
 
 /// A validated create request.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -190,16 +190,7 @@ impl Lifecycle {
         let _held = lock.lock().await;
         {
             let _admitting = self.admission.lock().await;
-            let live = self
-                .store
-                .list_sandboxes(&SandboxFilter {
-                    states: SandboxState::ALL
-                        .into_iter()
-                        .filter(|s| s.holds_resources())
-                        .collect(),
-                    ..SandboxFilter::default()
-                })
-                .await?;
+            let live = self.resource_holders().await?;
             let max_pids = self.config.default_resources.max_pids;
             let request = Request {
                 vcpus: record.vcpus,

@@ -181,16 +181,7 @@ impl Lifecycle {
         request: super::admission::Request,
     ) -> Result<(), LifecycleError> {
         let _admitting = self.admission.lock().await;
-        let live = self
-            .store
-            .list_sandboxes(&SandboxFilter {
-                states: SandboxState::ALL
-                    .into_iter()
-                    .filter(|s| s.holds_resources())
-                    .collect(),
-                ..SandboxFilter::default()
-            })
-            .await?;
+        let live = self.resource_holders().await?;
         let capacity = self
             .on_runtime(|runtime| runtime.host_capacity())
             .await
@@ -217,6 +208,19 @@ impl Lifecycle {
             .unwrap_or_else(|p| p.into_inner())
             .insert(id.to_string(), (team.map(str::to_string), request));
         Ok(())
+    }
+
+    /// The sandboxes whose state holds host resources (what admission counts).
+    pub(crate) async fn resource_holders(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        self.store
+            .list_sandboxes(&SandboxFilter {
+                states: SandboxState::ALL
+                    .into_iter()
+                    .filter(|s| s.holds_resources())
+                    .collect(),
+                ..SandboxFilter::default()
+            })
+            .await
     }
 
     /// The build sandbox `id` is gone: it no longer counts.
