@@ -216,15 +216,21 @@ pub(crate) fn upstream_tls(extra: &[std::path::PathBuf]) -> Result<rustls::Clien
                 .map_err(|e| format!("add {}: {e}", path.display()))?;
         }
     }
-    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+    let mut config = client_config(roots)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(config)
+}
+
+/// TLS client settings of the egress proxy's own connections: TLS 1.2 or newer (ring), verified
+/// against `roots`.
+pub(crate) fn client_config(roots: rustls::RootCertStore) -> Result<rustls::ClientConfig, String> {
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .map_err(|e| e.to_string())?
     .with_root_certificates(roots)
-    .with_no_client_auth();
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(config)
+    .with_no_client_auth())
 }
 
 #[cfg(test)]

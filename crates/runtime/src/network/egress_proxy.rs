@@ -320,9 +320,9 @@ async fn relay(
     let names_matter = !rules.allow_hosts.is_empty() || !rules.header_rules.is_empty();
     if !(names_matter && matches!(port, 80 | 443)) {
         // Only a sandbox with its own SOCKS5 proxy has such connections sent here: all its TCP.
-        let Some(upstream) = &rules.upstream else {
+        if rules.upstream.is_none() {
             return Err(refuse(None, format!("port {port} is not proxied")));
-        };
+        }
         if !allowed_address(*original.ip()) {
             return Err(refuse(
                 None,
@@ -330,15 +330,9 @@ async fn relay(
             ));
         }
         let target = Target::Address(original);
-        let mut server = dial(
-            upstream,
-            resolver,
-            &shared.denied,
-            &shared.upstream_tls,
-            &target,
-        )
-        .await
-        .map_err(|reason| refuse(None, reason))?;
+        let mut server = open_server(&rules, &target, resolver, shared)
+            .await
+            .map_err(|reason| refuse(None, reason))?;
         tracing::debug!(sandbox = %source, %target, "egress proxy tunneling");
         let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
         return Ok(());
@@ -394,26 +388,9 @@ async fn relay(
         }
         return Err(refuse(Some(&name), "not in allowOut"));
     }
-    let mut server: Box<dyn Io> = match (&rules.upstream, &target) {
-        (Some(upstream), _) => dial(
-            upstream,
-            resolver,
-            &shared.denied,
-            &shared.upstream_tls,
-            &target,
-        )
+    let mut server = open_server(&rules, &target, resolver, shared)
         .await
-        .map_err(|reason| refuse(Some(&name), reason))?,
-        (None, Target::Address(addr)) => Box::new(
-            tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
-                .await
-                .map_err(|_| refuse(Some(&name), format!("connect to {addr} timed out")))?
-                .map_err(|e| refuse(Some(&name), format!("connect to {addr}: {e}")))?,
-        ),
-        (None, Target::Name(..)) => {
-            return Err(refuse(Some(&name), "a name target needs a SOCKS5 proxy"))
-        }
-    };
+        .map_err(|reason| refuse(Some(&name), reason))?;
     if let Some(headers) = headers {
         let tls = if tls {
             let server = shared
@@ -444,6 +421,36 @@ async fn relay(
     tracing::debug!(sandbox = %source, %name, %target, "egress proxy relaying");
     let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
     Ok(())
+}
+
+/// A connection towards `target`: through the sandbox's SOCKS5 proxy when it has one, else direct
+/// (to an address only: a name is resolved by the caller unless a SOCKS5 proxy takes it).
+async fn open_server(
+    rules: &EgressRules,
+    target: &Target,
+    resolver: &TokioResolver,
+    shared: &Shared,
+) -> Result<Box<dyn Io>, String> {
+    match (&rules.upstream, target) {
+        (Some(upstream), _) => {
+            dial(
+                upstream,
+                resolver,
+                &shared.denied,
+                &shared.upstream_tls,
+                target,
+            )
+            .await
+        }
+        (None, Target::Address(addr)) => {
+            let stream = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
+                .await
+                .map_err(|_| format!("connect to {addr} timed out"))?
+                .map_err(|e| format!("connect to {addr}: {e}"))?;
+            Ok(Box::new(stream))
+        }
+        (None, Target::Name(..)) => Err("a name target needs a SOCKS5 proxy".into()),
+    }
 }
 
 /// Reads from `client` until the name it asks for is known; the name and every byte read.

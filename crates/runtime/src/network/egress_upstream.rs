@@ -29,6 +29,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
 
 use super::egress::{is_host_name, Cidr};
+use super::egress_intercept::client_config;
 
 /// Longest SOCKS5 user name and password (RFC 1929: one length byte each).
 pub const MAX_CREDENTIAL: usize = 255;
@@ -252,7 +253,7 @@ async fn dial_inner(
         None => Box::new(tcp),
         Some(tls) => {
             let config = match &tls.ca_cert {
-                Some(pem) => Arc::new(client_config(roots_from_pem(pem)?)),
+                Some(pem) => Arc::new(client_config(roots_from_pem(pem)?)?),
                 None => Arc::clone(system_tls),
             };
             let name = upstream.tls_server_name();
@@ -301,20 +302,6 @@ fn roots_from_pem(pem: &str) -> Result<rustls::RootCertStore, String> {
         return Err("no CERTIFICATE block in it".into());
     }
     Ok(roots)
-}
-
-/// TLS 1.2 or newer, verified against `roots`.
-fn client_config(roots: rustls::RootCertStore) -> rustls::ClientConfig {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map(|builder| builder.with_root_certificates(roots).with_no_client_auth())
-        .unwrap_or_else(|_| {
-            // The ring provider supports the default versions; this branch is never taken.
-            rustls::ClientConfig::builder()
-                .with_root_certificates(rustls::RootCertStore::empty())
-                .with_no_client_auth()
-        })
 }
 
 #[cfg(test)]

@@ -318,7 +318,7 @@ impl BuildContext {
     }
 }
 
-fn kind_of(meta: &fs::Metadata) -> EntryKind {
+pub(super) fn kind_of(meta: &fs::Metadata) -> EntryKind {
     let ft = meta.file_type();
     if ft.is_symlink() {
         EntryKind::Symlink

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use warren_runtime::confined::ConfinedDir;
 
-use super::context::{join_target, CopyEntry, EntryKind};
+use super::context::{join_target, kind_of, CopyEntry, EntryKind};
 use super::uploads::{unpack_archive, UploadError};
 
 #[derive(Debug, thiserror::Error)]
@@ -288,8 +288,11 @@ impl LayerStack {
             let Ok(root) = ConfinedDir::open_root(layer) else {
                 continue;
             };
-            let listed = if rel.is_empty() {
-                root.entries()
+            let listing_err = |e: warren_runtime::confined::ConfinedError| {
+                io_err(format!("listing {dir} in a stage"))(e.into())
+            };
+            let here = if rel.is_empty() {
+                root
             } else {
                 match root.stat(Path::new(rel)) {
                     Ok(stat) if stat.st_mode & libc::S_IFMT == libc::S_IFDIR => {}
@@ -297,16 +300,14 @@ impl LayerStack {
                     Err(e) if e.is_not_found() => continue,
                     _ => break,
                 }
-                root.open_dir(Path::new(rel)).and_then(|d| d.entries())
+                root.open_dir(Path::new(rel)).map_err(listing_err)?
             };
-            let listed =
-                listed.map_err(|e| io_err(format!("listing {dir} in a stage"))(e.into()))?;
-            for name in listed {
+            for name in here.entries().map_err(listing_err)? {
                 if seen.insert(name.clone()) {
                     names.push(name);
                 }
             }
-            if is_opaque(&layer.join(rel)) {
+            if crate::templates::images::unpack::is_opaque(&here) {
                 break;
             }
         }
@@ -496,21 +497,12 @@ pub fn stage_entries(
         let (host, meta) = stage
             .lookup(&resolved)
             .ok_or_else(|| LayerError::NotInStage(source.clone()))?;
-        let entry = |host: PathBuf, target: String, meta: &fs::Metadata| {
-            let kind = if meta.is_dir() {
-                EntryKind::Dir
-            } else if meta.file_type().is_symlink() {
-                EntryKind::Symlink
-            } else {
-                EntryKind::File
-            };
-            CopyEntry {
-                source: host,
-                target,
-                kind,
-                mode: meta.permissions().mode() & 0o7777,
-                owner: Some((meta.uid(), meta.gid())),
-            }
+        let entry = |host: PathBuf, target: String, meta: &fs::Metadata| CopyEntry {
+            source: host,
+            target,
+            kind: kind_of(meta),
+            mode: meta.permissions().mode() & 0o7777,
+            owner: Some((meta.uid(), meta.gid())),
         };
         if meta.is_dir() {
             out.push(entry(host, join_target(dest, ""), &meta));
@@ -534,25 +526,6 @@ pub fn stage_entries(
         }
     }
     Ok(out)
-}
-
-/// Whether overlayfs treats the directory at `host` as opaque (lower layers' contents hidden).
-fn is_opaque(host: &Path) -> bool {
-    use std::os::unix::ffi::OsStrExt;
-    let Ok(path) = std::ffi::CString::new(host.as_os_str().as_bytes()) else {
-        return false;
-    };
-    let mut value = [0u8; 2];
-    // SAFETY: both strings are NUL-terminated and `value` is a buffer of the length passed.
-    let n = unsafe {
-        libc::lgetxattr(
-            path.as_ptr(),
-            c"trusted.overlay.opaque".as_ptr(),
-            value.as_mut_ptr().cast(),
-            value.len(),
-        )
-    };
-    n == 1 && value[0] == b'y'
 }
 
 /// Writes COPY/ADD entries into `layer` (the new layer's `fs` directory), on top of `below`.

@@ -330,6 +330,27 @@ fn remove_existing(dir: &ConfinedDir, name: &OsStr) -> Result<(), nix::Error> {
 }
 
 /// `trusted.overlay.opaque=y` on the directory `dir` itself.
+/// Whether `dir` carries the overlay opaque marker [`set_opaque`] writes (read the same way, through
+/// the descriptor we hold, so nothing in the layer can redirect it).
+pub(crate) fn is_opaque(dir: &ConfinedDir) -> bool {
+    let path = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
+    let (Ok(path), Ok(name)) = (CString::new(path), CString::new(OPAQUE_XATTR)) else {
+        return false;
+    };
+    let mut value = [0u8; 2];
+    // SAFETY: both strings are NUL-terminated and outlive the call; `value` is a buffer we own of
+    // the length passed.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    n == 1 && value[0] == b'y'
+}
+
 fn set_opaque(dir: &ConfinedDir) -> Result<(), nix::Error> {
     let path = format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd());
     let path = CString::new(path).map_err(|_| nix::Error::EINVAL)?;
