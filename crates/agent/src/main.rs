@@ -22,12 +22,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use tower::ServiceExt;
 
 /// Header bytes accepted per request (HTTP/1 buffer and HTTP/2 header list); larger header sets
 /// are refused with a protocol error and the agent keeps serving.
-const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -105,31 +102,7 @@ async fn serve(listen: SocketAddr, root: PathBuf, is_pid1: bool) -> anyhow::Resu
             }
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(
-                move |request: hyper::Request<hyper::body::Incoming>| {
-                    app.clone().oneshot(request.map(axum::body::Body::new))
-                },
-            );
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .max_buf_size(MAX_HEADER_BYTES * 2)
-                .timer(hyper_util::rt::TokioTimer::new())
-                .header_read_timeout(Duration::from_secs(30));
-            builder
-                .http2()
-                .max_header_list_size(MAX_HEADER_BYTES as u32)
-                .initial_stream_window_size(4 << 20)
-                .initial_connection_window_size(8 << 20);
-            if let Err(e) = builder
-                .serve_connection_with_upgrades(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!("connection ended: {e}");
-            }
-        });
+        tokio::spawn(http_api::serve_connection(stream, app.clone()));
     }
 }
 

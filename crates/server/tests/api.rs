@@ -49,6 +49,88 @@ async fn requests_without_a_valid_key_are_refused() {
     h.server.stop().await.unwrap();
 }
 
+/// Sends a request whose body comes 300 ms after its head, then a second request on the same
+/// connection; returns everything the server wrote back.
+async fn late_body_then_second_request(addr: &str, head: &str, body: &str, second: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+    client.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    client
+        .write_all(body.as_bytes())
+        .await
+        .expect("the connection is still open for the body");
+    client
+        .write_all(second.as_bytes())
+        .await
+        .expect("the connection is still open for a second request");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    let _ = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match client.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.extend_from_slice(&buf[..n]),
+            }
+            if String::from_utf8_lossy(&seen).matches("HTTP/1.1 ").count() >= 2 {
+                break;
+            }
+        }
+    })
+    .await;
+    String::from_utf8_lossy(&seen).into_owned()
+}
+
+/// A request refused before its body was read (bad key; no sandbox behind a proxy host) is
+/// answered on a connection that stays open, so a client still writing its body reads the
+/// error instead of "broken pipe".
+#[tokio::test]
+async fn a_refusal_before_the_body_arrives_keeps_the_connection() {
+    let h = Harness::start(false, |_| {}).await;
+    let body = r#"{"templateID":"base"}"#;
+    let api = h.server.api_url.trim_start_matches("http://");
+    let seen = late_body_then_second_request(
+        api,
+        &format!(
+            "POST /sandboxes HTTP/1.1\r\nHost: api\r\nX-API-Key: e2b_nope\r\n\
+             Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            body.len()
+        ),
+        body,
+        "GET /health HTTP/1.1\r\nHost: api\r\n\r\n",
+    )
+    .await;
+    assert!(seen.starts_with("HTTP/1.1 401"), "{seen}");
+    assert_eq!(
+        seen.matches("HTTP/1.1 ").count(),
+        2,
+        "second answer missing: {seen}"
+    );
+
+    let proxy = h.server.sandbox_url.trim_start_matches("http://");
+    let seen = late_body_then_second_request(
+        proxy,
+        &format!(
+            "POST /run HTTP/1.1\r\nHost: 49983-nosuchsandbox.warren.local\r\n\
+             Content-Length: {}\r\n\r\n",
+            body.len()
+        ),
+        body,
+        "GET / HTTP/1.1\r\nHost: 49983-nosuchsandbox.warren.local\r\n\r\n",
+    )
+    .await;
+    assert!(
+        seen.starts_with("HTTP/1.1 4") || seen.starts_with("HTTP/1.1 5"),
+        "{seen}"
+    );
+    assert_eq!(
+        seen.matches("HTTP/1.1 ").count(),
+        2,
+        "second answer missing: {seen}"
+    );
+    h.server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn create_initialises_the_agent_and_reports_the_sandbox() {
     let h = Harness::start(false, |_| {}).await;

@@ -22,6 +22,37 @@ use crate::filesystem::{self as fs, watch};
 use crate::process;
 use crate::state::Agent;
 
+/// The largest request head the agent reads.
+const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// Serves one accepted connection (HTTP/1.1 or HTTP/2) until the client closes it.
+pub async fn serve_connection(stream: tokio::net::TcpStream, app: Router) {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use tower::ServiceExt;
+    let _ = stream.set_nodelay(true);
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            app.clone().oneshot(request.map(Body::new))
+        });
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .max_buf_size(MAX_HEADER_BYTES * 2)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(30));
+    builder
+        .http2()
+        .max_header_list_size(MAX_HEADER_BYTES as u32)
+        .initial_stream_window_size(4 << 20)
+        .initial_connection_window_size(8 << 20);
+    if let Err(e) = builder
+        .serve_connection_with_upgrades(TokioIo::new(stream), service)
+        .await
+    {
+        tracing::debug!("connection ended: {e}");
+    }
+}
+
 /// envd's plain error body: `{"code": <status>, "message": "..."}`.
 pub fn json_error(status: StatusCode, message: &str) -> Response {
     (
@@ -43,7 +74,15 @@ pub fn router(agent: Arc<Agent>) -> Router {
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(agent.clone(), require_token))
         .layer(middleware::map_response(add_version_header))
+        .layer(middleware::from_fn(drain_after_error))
         .with_state(agent)
+}
+
+/// An error answered before the request body was read (a missing token, a bad header) would
+/// otherwise close the connection under a client still writing its body, which then sees
+/// "broken pipe" instead of the answer (see `warren_proto::body_drain`).
+async fn drain_after_error(request: Request, next: Next) -> Response {
+    warren_proto::body_drain::drain_after_error(request, |r| next.run(r.map(Body::new))).await
 }
 
 async fn add_version_header(mut response: Response) -> Response {
@@ -398,6 +437,61 @@ mod tests {
         let request = HttpRequest::get("/health").body(Body::empty()).unwrap();
         let response = router(agent.clone()).oneshot(request).await.unwrap();
         assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    }
+
+    /// A client whose body arrives after the 401 still reads the 401, and the connection stays
+    /// usable (without draining, the agent closed it with the body unread and the client's
+    /// write failed with "broken pipe").
+    #[tokio::test]
+    async fn a_rejected_request_whose_body_comes_late_gets_its_answer_on_an_open_connection() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (_dir, agent) = agent();
+        *agent.access_token.write().unwrap() = Some("t0k".into());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let app = router(agent);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(serve_connection(stream, app.clone()));
+            }
+        });
+        let mut client = tokio::net::TcpStream::connect(address).await.unwrap();
+        client
+            .write_all(
+                b"POST /process.Process/List HTTP/1.1\r\nHost: agent\r\n\
+                  Content-Type: application/json\r\nContent-Length: 2\r\n\r\n",
+            )
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        client.write_all(b"{}").await.unwrap();
+        client
+            .write_all(b"GET /health HTTP/1.1\r\nHost: agent\r\n\r\n")
+            .await
+            .unwrap();
+        let mut seen = Vec::new();
+        let mut buf = [0u8; 4096];
+        let read_both = async {
+            loop {
+                let n = client.read(&mut buf).await.unwrap_or(0);
+                if n == 0 {
+                    break;
+                }
+                seen.extend_from_slice(&buf[..n]);
+                if String::from_utf8_lossy(&seen).contains("HTTP/1.1 204") {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(10), read_both)
+            .await
+            .expect("the agent answered both requests");
+        let seen = String::from_utf8_lossy(&seen);
+        assert!(seen.starts_with("HTTP/1.1 401"), "{seen}");
+        assert!(
+            seen.contains("HTTP/1.1 204"),
+            "second request unanswered: {seen}"
+        );
     }
 
     #[tokio::test]

@@ -46,7 +46,19 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             count_errors,
         ))
+        .layer(axum::middleware::from_fn(drain_after_error))
         .with_state(state)
+}
+
+/// A request refused before its body was read (a bad API key, a missing header) keeps its
+/// connection: the rest of the body is read before the answer goes out, so a client still
+/// writing it reads the error instead of "broken pipe" (see `warren_proto::body_drain`).
+async fn drain_after_error(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    warren_proto::body_drain::drain_after_error(request, |r| next.run(r.map(axum::body::Body::new)))
+        .await
 }
 
 /// Counts every 4xx and 5xx answer by method and declared route (`warren_api_errors_total`).

@@ -25,6 +25,7 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio_rustls::TlsAcceptor;
+use warren_proto::body_drain::{drain_after_error, SharedBody};
 use warren_proto::envd::ENVD_PORT;
 
 use crate::lifecycle::activity::ActivityGuard;
@@ -33,6 +34,9 @@ use crate::metrics::Metrics;
 use target::{target_of, Target, TargetError};
 
 pub type ProxyBody = BoxBody<Bytes, hyper::Error>;
+/// A client's request body, with a second handle kept to read what is left of it after an
+/// error answer (see `warren_proto::body_drain`).
+type RequestBody = SharedBody<Incoming>;
 
 /// Headers that describe one connection, not the message; never forwarded.
 const HOP_BY_HOP: [&str; 7] = [
@@ -48,7 +52,7 @@ const HOP_BY_HOP: [&str; 7] = [
 pub struct Proxy {
     lifecycle: Arc<Lifecycle>,
     metrics: Arc<Metrics>,
-    client: Client<HttpConnector, Incoming>,
+    client: Client<HttpConnector, RequestBody>,
 }
 
 /// A response body that keeps its sandbox's request open (for the idle policy) until it is done.
@@ -147,14 +151,16 @@ impl Proxy {
             async move {
                 match api {
                     Some(api) if api.is_for(&request) => api.call(request).await,
-                    _ => proxy.handle(request).await.map(axum::body::Body::new),
+                    _ => drain_after_error(request, |request| proxy.handle(request))
+                        .await
+                        .map(axum::body::Body::new),
                 }
             }
         };
         crate::listener::serve(listener, tls, service, shutdown, None, "proxy").await;
     }
 
-    pub async fn handle(&self, request: Request<Incoming>) -> Response<ProxyBody> {
+    pub async fn handle(&self, request: Request<RequestBody>) -> Response<ProxyBody> {
         let (parts, body) = request.into_parts();
         let target = match target_of(&parts) {
             Ok(target) => target,
@@ -264,7 +270,7 @@ impl Proxy {
 
     async fn forward(
         &self,
-        request: Request<Incoming>,
+        request: Request<RequestBody>,
         addr: SocketAddr,
         https: bool,
         target: &Target,
@@ -352,7 +358,7 @@ impl Proxy {
     /// two upgraded streams.
     async fn forward_upgrade(
         &self,
-        mut request: Request<Incoming>,
+        mut request: Request<RequestBody>,
         addr: SocketAddr,
         https: bool,
         target: &Target,
