@@ -42,10 +42,10 @@ pub fn share<B>(body: B) -> (SharedBody<B>, Remainder<B>) {
     )
 }
 
-fn poll_locked<B: Body + Unpin>(
-    inner: &Mutex<B>,
-    cx: &mut Context<'_>,
-) -> Poll<Option<Result<Frame<B::Data>, B::Error>>> {
+/// What polling a body for its next frame gives.
+type NextFrame<B> = Poll<Option<Result<Frame<<B as Body>::Data>, <B as Body>::Error>>>;
+
+fn poll_locked<B: Body + Unpin>(inner: &Mutex<B>, cx: &mut Context<'_>) -> NextFrame<B> {
     let mut body = inner.lock().unwrap_or_else(|p| p.into_inner());
     Pin::new(&mut *body).poll_frame(cx)
 }
@@ -54,10 +54,7 @@ impl<B: Body + Unpin> Body for SharedBody<B> {
     type Data = B::Data;
     type Error = B::Error;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> NextFrame<B> {
         poll_locked(&self.inner, cx)
     }
 
