@@ -239,6 +239,47 @@ fn arp_spoofing_does_not_redirect_another_sandboxs_traffic() {
     assert_eq!(value(&out, "captured"), 0, "A captured B's traffic: {out}");
 }
 
+/// The bridge has a MAC of its own (derived from the gateway address), so it does not change as
+/// sandboxes come and go. Without one, a Linux bridge takes the lowest MAC among its ports: the
+/// gateway MAC every sandbox had cached went stale whenever a port came or went, and a sandbox's
+/// packets to the host were lost until its neighbour entry was probed again (CI saw the host wait
+/// minutes for an answer already sent).
+#[test]
+fn the_bridge_mac_stays_put_while_sandboxes_come_and_go() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let mut sandboxes = Sandboxes::new("brmac");
+    let bridge = sandboxes.runtime.config().bridge.clone();
+    let expected = hex_mac(sandboxes.runtime.config().gateway);
+    let a = sandboxes.create("wt-brmac-a", &base, false, false);
+    let b = sandboxes.create("wt-brmac-b", &base, false, false);
+    run_ok(&b, "true");
+    assert_eq!(bridge_mac(&bridge), expected);
+    // B's cached gateway entry names the bridge's MAC.
+    let arp = run_ok(&b, "cat /proc/net/arp");
+    assert!(
+        arp.replace(':', "").contains(&expected),
+        "B's gateway entry is not the bridge's MAC {expected}: {arp}"
+    );
+    let mut seen = Vec::new();
+    for round in 0..3 {
+        sandboxes.runtime.destroy(&a.id).expect("destroy A");
+        seen.push(bridge_mac(&bridge));
+        let c = sandboxes.create(&format!("wt-brmac-c{round}"), &base, false, false);
+        seen.push(bridge_mac(&bridge));
+        sandboxes.runtime.destroy(&c.id).expect("destroy C");
+        seen.push(bridge_mac(&bridge));
+        let again = sandboxes.create("wt-brmac-a", &base, false, false);
+        assert_eq!(again.ip, a.ip);
+    }
+    assert!(
+        seen.iter().all(|mac| *mac == expected),
+        "the bridge's MAC changed (expected {expected}): {seen:?}"
+    );
+    assert_eq!(run_ok(&b, "echo still-b").trim(), "still-b");
+}
+
 const IP_SPOOF: &str = r#"
 import socket, struct
 def packet(src, dst, sport, dport, payload):

@@ -41,6 +41,14 @@ impl NetworkPlan {
         let [a, b, c, d] = self.ip.octets();
         [0x02, 0x77, a, b, c, d]
     }
+
+    /// MAC of the bridge, derived from the gateway address the same way (no sandbox has the
+    /// gateway's address, so no sandbox has this MAC). Fixed, so that sandboxes' cached gateway
+    /// entries stay right while other sandboxes come and go (see `Netlink::ensure_bridge`).
+    pub fn gateway_mac(&self) -> [u8; 6] {
+        let [a, b, c, d] = self.gateway.octets();
+        [0x02, 0x77, a, b, c, d]
+    }
 }
 
 /// The network address of the subnet `gateway/prefix`.

@@ -85,11 +85,17 @@ impl Netlink {
             .ok_or_else(|| NetlinkError::NoLink(name.to_string()))
     }
 
-    /// Creates bridge `name` with `address/prefix` and brings it up, unless it exists (then makes sure it
-    /// has the address and is up). Returns its index.
+    /// Creates bridge `name` with MAC `mac` and `address/prefix` and brings it up, unless it exists
+    /// (then makes sure it has that MAC and address and is up). Returns its index.
+    ///
+    /// The MAC is set, not left to the kernel: a bridge without one of its own takes the lowest
+    /// MAC among its ports, so it changed whenever a sandbox came or went, and every other sandbox's
+    /// cached gateway MAC went stale; their packets to the host were lost until the neighbour entry
+    /// was probed again (seconds, and with TCP's backoff on top, up to minutes of silence).
     pub async fn ensure_bridge(
         &self,
         name: &str,
+        mac: [u8; 6],
         address: Ipv4Addr,
         prefix: u8,
     ) -> Result<u32, NetlinkError> {
@@ -99,6 +105,7 @@ impl Netlink {
                 .link()
                 .add()
                 .bridge(name.to_string())
+                .address(mac.to_vec())
                 .execute()
                 .await
             {
@@ -108,7 +115,16 @@ impl Netlink {
                 Err(e) => return Err(Self::request(format!("create bridge {name}"))(e)),
             }
         }
-        let index = self.require_index(name).await?;
+        let (index, current) = self.link_index_and_mac(name).await?;
+        if current.as_deref() != Some(&mac[..]) {
+            self.handle
+                .link()
+                .set(index)
+                .address(mac.to_vec())
+                .execute()
+                .await
+                .map_err(Self::request(format!("set the MAC of {name}")))?;
+        }
         match self
             .handle
             .address()
@@ -126,6 +142,33 @@ impl Netlink {
         }
         self.set_up(index, name).await?;
         Ok(index)
+    }
+
+    /// The index and MAC of link `name`, which must exist.
+    async fn link_index_and_mac(&self, name: &str) -> Result<(u32, Option<Vec<u8>>), NetlinkError> {
+        let mut links = self
+            .handle
+            .link()
+            .get()
+            .match_name(name.to_string())
+            .execute();
+        match links.try_next().await {
+            Ok(Some(link)) => {
+                let mac = link
+                    .attributes
+                    .iter()
+                    .find_map(|attribute| match attribute {
+                        netlink_packet_route::link::LinkAttribute::Address(mac) => {
+                            Some(mac.clone())
+                        }
+                        _ => None,
+                    });
+                Ok((link.header.index, mac))
+            }
+            Ok(None) => Err(NetlinkError::NoLink(name.to_string())),
+            Err(e) if errno(&e) == libc::ENODEV => Err(NetlinkError::NoLink(name.to_string())),
+            Err(e) => Err(Self::request(format!("look up link {name}"))(e)),
+        }
     }
 
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {

@@ -187,7 +187,7 @@ fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
     netlink::run(async {
         let host_side = Netlink::connect()?;
         let bridge = host_side
-            .ensure_bridge(&plan.bridge, plan.gateway, plan.prefix)
+            .ensure_bridge(&plan.bridge, plan.gateway_mac(), plan.gateway, plan.prefix)
             .await?;
         host_side
             .create_veth_into(
