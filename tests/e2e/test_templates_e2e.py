@@ -5,6 +5,7 @@ server answers through the sandbox proxy, a failing build's output and exit code
 while in use, then --force)."""
 
 import glob
+import json
 import re
 import shutil
 import tempfile
@@ -55,6 +56,19 @@ def test_build_cache_sandbox_and_delete(warren, sdk_env, tmp_path):
     summary = re.search(r"ready in [0-9.]+s \((\d+) of (\d+) steps cached\)", cold.stdout)
     assert summary, cold.stdout
     assert summary.group(1) == "0", cold.stdout
+    # The build's sandboxes have no sandbox records, but they left lifecycle events naming the build.
+    events_request = urllib.request.Request(
+        sdk_env["E2B_API_URL"] + "/events/sandboxes?limit=100",
+        headers={"X-API-Key": sdk_env["E2B_API_KEY"]},
+    )
+    with urllib.request.urlopen(events_request, timeout=30) as response:
+        events = json.loads(response.read())
+    built = [e for e in events if e["sandboxBuildId"] and e["sandboxId"].startswith("bld-")]
+    by_build = {}
+    for event in built:
+        by_build.setdefault(event["sandboxBuildId"], set()).add(event["type"])
+    wanted = {"sandbox.lifecycle.created", "sandbox.lifecycle.killed"}
+    assert any(wanted <= kinds for kinds in by_build.values()), events
 
     cached, cached_s = _build(warren, context, "--name", NAME)
     assert cached.returncode == 0, cached.stdout + cached.stderr

@@ -342,7 +342,24 @@ impl templates::builder::runner::BuildAdmission for LifecycleAdmission {
         })
     }
 
-    fn release(&self, id: &str) {
-        self.lifecycle.release_build_sandbox(id);
+    fn started(&self, template_id: &str, build_id: &str, id: &str, step: &str) {
+        let recorded = self.handle.block_on(self.lifecycle.build_sandbox_started(
+            id,
+            template_id,
+            build_id,
+            step,
+        ));
+        if let Err(e) = recorded {
+            tracing::warn!(sandbox = %id, error = %e, "recording a build sandbox's start");
+        }
+    }
+
+    fn release(&self, id: &str, how: &str) {
+        if let Err(e) = self
+            .handle
+            .block_on(self.lifecycle.release_build_sandbox(id, how))
+        {
+            tracing::warn!(sandbox = %id, error = %e, "recording a build sandbox's end");
+        }
     }
 }

@@ -11,6 +11,7 @@ use hyper::{Method, StatusCode};
 use serde_json::json;
 use support::{assert_error, send, Harness};
 use warren_server::lifecycle::{now_millis, scheduler};
+use warren_server::store::DEFAULT_TEAM;
 
 #[tokio::test]
 async fn requests_without_a_valid_key_are_refused() {
@@ -127,6 +128,110 @@ async fn a_refusal_before_the_body_arrives_keeps_the_connection() {
         seen.matches("HTTP/1.1 ").count(),
         2,
         "second answer missing: {seen}"
+    );
+    h.server.stop().await.unwrap();
+}
+
+/// A template build's sandbox has no sandbox record, yet it leaves lifecycle events like any
+/// other: created when it is up and killed when it goes, under its template's team, naming the
+/// build (`sandboxBuildID`); another team does not see them.
+#[tokio::test]
+async fn build_sandboxes_leave_lifecycle_events_for_their_team() {
+    let h = Harness::start(false, |_| {}).await;
+    let lifecycle = &h.server.server.lifecycle;
+    let request = warren_server::lifecycle::admission::Request {
+        vcpus: 1.0,
+        memory_mib: 256,
+        max_pids: 256,
+        disk_mib: 256,
+    };
+    lifecycle
+        .admit_build_sandbox("bld-ev-1", Some(DEFAULT_TEAM), request)
+        .await
+        .unwrap();
+    lifecycle
+        .build_sandbox_started("bld-ev-1", "base", "build-7", "step 2: RUN make")
+        .await
+        .unwrap();
+    lifecycle
+        .release_build_sandbox("bld-ev-1", "destroyed: its build step ended")
+        .await
+        .unwrap();
+    // Admitted but never up: no event.
+    lifecycle
+        .admit_build_sandbox("bld-ev-2", Some(DEFAULT_TEAM), request)
+        .await
+        .unwrap();
+    lifecycle
+        .release_build_sandbox("bld-ev-2", "its creation failed")
+        .await
+        .unwrap();
+
+    let events = h
+        .api(
+            Method::GET,
+            "/events/sandboxes/bld-ev-1?orderAsc=true",
+            None,
+        )
+        .await;
+    assert_eq!(events.status, StatusCode::OK, "{:?}", events.json());
+    let events = events.json();
+    let events = events.as_array().unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e["type"].as_str().unwrap()).collect();
+    assert_eq!(
+        kinds,
+        ["sandbox.lifecycle.created", "sandbox.lifecycle.killed"],
+        "{events:?}"
+    );
+    for event in events {
+        assert_eq!(event["sandboxTeamId"], DEFAULT_TEAM, "{event}");
+        assert_eq!(event["sandboxTemplateId"], "base", "{event}");
+        assert_eq!(event["sandboxBuildId"], "build-7", "{event}");
+    }
+    assert!(events[0]["eventData"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("RUN make"));
+    let team = h
+        .api(Method::GET, "/events/sandboxes?limit=100", None)
+        .await
+        .json();
+    assert!(team
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["sandboxId"] != "bld-ev-2"));
+    assert!(team
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["sandboxId"] == "bld-ev-1"));
+
+    let team = h
+        .api(Method::POST, "/teams", Some(json!({"name": "blue"})))
+        .await;
+    assert_eq!(team.status, StatusCode::CREATED, "{:?}", team.json());
+    let made = h
+        .api(
+            Method::POST,
+            "/api-keys",
+            Some(json!({"name": "blue-ci", "teamID": "blue"})),
+        )
+        .await;
+    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.json());
+    let blue = made.json()["key"].as_str().unwrap().to_string();
+    let seen = h
+        .api_as(&blue, Method::GET, "/events/sandboxes?limit=100", None)
+        .await;
+    assert_eq!(seen.status, StatusCode::OK);
+    assert!(
+        seen.json()
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| e["sandboxId"] != "bld-ev-1"),
+        "another team sees the build's events: {:?}",
+        seen.json()
     );
     h.server.stop().await.unwrap();
 }
@@ -426,7 +531,10 @@ async fn quotas_refuse_with_429() {
         .admit_build_sandbox("bld-test-2", None, build)
         .await;
     assert!(second.unwrap_err().to_string().contains("sandbox limit"));
-    lifecycle.release_build_sandbox("bld-test-1");
+    lifecycle
+        .release_build_sandbox("bld-test-1", "destroyed: its build step ended")
+        .await
+        .unwrap();
     let after = h.create(json!({"templateID": "base"})).await;
     h.api(
         Method::DELETE,

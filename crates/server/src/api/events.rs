@@ -118,7 +118,7 @@ pub(crate) fn to_api(event: LifecycleEvent) -> api::SandboxLifecycleEvent {
         id: event.event.seq.to_string(),
         kind: event.kind,
         event_data: Some(serde_json::Value::Object(data)),
-        sandbox_build_id: None,
+        sandbox_build_id: event.build_id,
         sandbox_execution_id: None,
         sandbox_id: event.event.sandbox_id,
         sandbox_team_id: event.team_id,
@@ -149,22 +149,23 @@ async fn team_events(
 }
 
 /// `GET /events/sandboxes/{id}`: one sandbox's events, also once it is killed. Another team's or an
-/// unknown sandbox is 404.
+/// unknown sandbox is 404. A template build's sandbox has no record; its events (which name their
+/// team) are all there is of it.
 async fn sandbox_events(
     State(state): State<AppState>,
     key: Authenticated,
     Path(id): Path<String>,
     query: QueryPairs,
 ) -> Result<Json<Vec<api::SandboxLifecycleEvent>>, ApiError> {
-    let owned = state
-        .lifecycle
-        .store()
-        .get_sandbox(&id)
-        .await?
-        .filter(|record| record.team_id == key.team());
-    if owned.is_none() {
-        return Err(ApiError::not_found(format!("sandbox {id} not found")));
+    let record = state.lifecycle.store().get_sandbox(&id).await?;
+    let missing = || ApiError::not_found(format!("sandbox {id} not found"));
+    if record.as_ref().is_some_and(|r| r.team_id != key.team()) {
+        return Err(missing());
     }
-    let query = event_query(&key, Some(id), &query)?;
-    read(&state, query).await
+    let query = event_query(&key, Some(id.clone()), &query)?;
+    let events = read(&state, query).await?;
+    if record.is_none() && events.0.is_empty() {
+        return Err(missing());
+    }
+    Ok(events)
 }

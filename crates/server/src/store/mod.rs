@@ -389,6 +389,22 @@ pub struct LifecycleEvent {
     pub event: SandboxEvent,
     pub team_id: String,
     pub template_id: String,
+    /// The template build whose sandbox this is (build sandboxes only).
+    pub build_id: Option<String>,
+}
+
+/// A transition of a template build's sandbox, which has no sandbox record of its own: the event
+/// names its team, template and build.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BuildSandboxEvent {
+    pub sandbox_id: String,
+    pub team_id: String,
+    pub template_id: String,
+    pub build_id: String,
+    pub from_state: Option<SandboxState>,
+    pub to_state: SandboxState,
+    pub reason: String,
+    pub at: Millis,
 }
 
 /// One stored state transition.
@@ -592,6 +608,8 @@ pub trait Store: Send + Sync {
     /// are left out), of a team's sandboxes, killed ones included.
     async fn lifecycle_events(&self, query: &EventQuery)
         -> Result<Vec<LifecycleEvent>, StoreError>;
+    /// Store a transition of a template build's sandbox (see [`BuildSandboxEvent`]).
+    async fn note_build_sandbox_event(&self, event: &BuildSandboxEvent) -> Result<(), StoreError>;
     /// Store an event that is no state change (`state → state`), e.g. a failed fork dump.
     async fn note_sandbox_event(
         &self,

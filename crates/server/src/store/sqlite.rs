@@ -15,10 +15,10 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
     sqlite_logs, sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces,
-    ApiKeyRecord, BuildRecord, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent,
-    LogQuery, MetricSample, Millis, PauseKind, SandboxEvent, SandboxFilter, SandboxLogLine,
-    SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
-    TemplateTag, TransitionUpdate, WebhookRecord, WorkspaceMove, WorkspaceRecord,
+    ApiKeyRecord, BuildRecord, BuildSandboxEvent, ChecksumStatus, EventQuery, IdempotencyClaim,
+    LifecycleEvent, LogQuery, MetricSample, Millis, PauseKind, SandboxEvent, SandboxFilter,
+    SandboxLogLine, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord,
+    TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy};
@@ -1009,10 +1009,13 @@ impl Store for SqliteStore {
             killed = Killed.as_str(),
             failed = Failed.as_str(),
         );
+        // A build sandbox has no row in `sandboxes`; its events name team and template themselves.
         let mut sql: QueryBuilder<Sqlite> = QueryBuilder::new(format!(
-            "SELECT * FROM (SELECT e.*, s.team_id AS team_id, s.template_id AS template_id, \
-             {kind} AS kind FROM sandbox_events e JOIN sandboxes s ON s.id = e.sandbox_id \
-             WHERE s.team_id = "
+            "SELECT * FROM (SELECT e.seq, e.sandbox_id, e.from_state, e.to_state, e.reason, e.at, \
+             COALESCE(s.team_id, e.team_id) AS team_id, \
+             COALESCE(s.template_id, e.template_id) AS template_id, e.build_id AS build_id, \
+             {kind} AS kind FROM sandbox_events e LEFT JOIN sandboxes s ON s.id = e.sandbox_id \
+             WHERE COALESCE(s.team_id, e.team_id) = "
         ));
         sql.push_bind(&query.team_id);
         if let Some(id) = &query.sandbox_id {
@@ -1046,10 +1049,30 @@ impl Store for SqliteStore {
                     kind: row.try_get("kind")?,
                     team_id: row.try_get("team_id")?,
                     template_id: row.try_get("template_id")?,
+                    build_id: row.try_get("build_id")?,
                     event: event_from_row(row)?,
                 })
             })
             .collect()
+    }
+
+    async fn note_build_sandbox_event(&self, event: &BuildSandboxEvent) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sandbox_events \
+             (sandbox_id, from_state, to_state, reason, at, team_id, template_id, build_id) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        )
+        .bind(&event.sandbox_id)
+        .bind(event.from_state.map(SandboxState::as_str))
+        .bind(event.to_state.as_str())
+        .bind(&event.reason)
+        .bind(event.at)
+        .bind(&event.team_id)
+        .bind(&event.template_id)
+        .bind(&event.build_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
     }
 
     async fn note_sandbox_event(

@@ -118,7 +118,16 @@ pub struct Lifecycle {
     build_sandboxes: Mutex<Option<BuildSandboxSource>>,
     /// What the template builds' sandboxes hold, by sandbox: admitted like every other sandbox
     /// and counted in every admission while they live.
-    build_usage: Mutex<HashMap<String, (Option<String>, super::admission::Request)>>,
+    build_usage: Mutex<HashMap<String, BuildHold>>,
+}
+
+/// What a template build's sandbox holds, and whose it is.
+struct BuildHold {
+    /// The template's team (its quotas count the sandbox).
+    team: Option<String>,
+    request: super::admission::Request,
+    /// Template and build, once the sandbox is up (its events name them).
+    started: Option<(String, String)>,
 }
 
 /// Answers which template-build sandboxes a running build works in.
@@ -206,8 +215,49 @@ impl Lifecycle {
         self.build_usage
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(id.to_string(), (team.map(str::to_string), request));
+            .insert(
+                id.to_string(),
+                BuildHold {
+                    team: team.map(str::to_string),
+                    request,
+                    started: None,
+                },
+            );
         Ok(())
+    }
+
+    /// The admitted build sandbox `id` is up, working on `step` of `template_id`'s build
+    /// `build_id`: recorded as created, under the template's team, like any sandbox's start.
+    pub async fn build_sandbox_started(
+        &self,
+        id: &str,
+        template_id: &str,
+        build_id: &str,
+        step: &str,
+    ) -> Result<(), StoreError> {
+        let team = {
+            let mut builds = self.build_usage.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(hold) = builds.get_mut(id) else {
+                return Ok(());
+            };
+            hold.started = Some((template_id.to_string(), build_id.to_string()));
+            hold.team.clone()
+        };
+        let Some(team_id) = team else {
+            return Ok(());
+        };
+        self.store
+            .note_build_sandbox_event(&crate::store::BuildSandboxEvent {
+                sandbox_id: id.to_string(),
+                team_id,
+                template_id: template_id.to_string(),
+                build_id: build_id.to_string(),
+                from_state: Some(SandboxState::Creating),
+                to_state: SandboxState::Running,
+                reason: format!("template build {build_id}: {step}"),
+                at: now_millis(),
+            })
+            .await
     }
 
     /// The sandboxes whose state holds host resources (what admission counts).
@@ -223,12 +273,34 @@ impl Lifecycle {
             .await
     }
 
-    /// The build sandbox `id` is gone: it no longer counts.
-    pub fn release_build_sandbox(&self, id: &str) {
-        self.build_usage
+    /// The build sandbox `id` is gone (`how` says why): it no longer counts, and if it was up, it
+    /// is recorded as killed.
+    pub async fn release_build_sandbox(&self, id: &str, how: &str) -> Result<(), StoreError> {
+        let hold = self
+            .build_usage
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(id);
+        let Some(BuildHold {
+            team: Some(team_id),
+            started: Some((template_id, build_id)),
+            ..
+        }) = hold
+        else {
+            return Ok(());
+        };
+        self.store
+            .note_build_sandbox_event(&crate::store::BuildSandboxEvent {
+                sandbox_id: id.to_string(),
+                team_id,
+                template_id,
+                build_id,
+                from_state: Some(SandboxState::Running),
+                to_state: SandboxState::Killed,
+                reason: how.to_string(),
+                at: now_millis(),
+            })
+            .await
     }
 
     /// `usage` plus what the live build sandboxes hold (but `except`; only `team`'s when given).
@@ -239,7 +311,8 @@ impl Lifecycle {
         team: Option<&str>,
     ) -> super::admission::Usage {
         let builds = self.build_usage.lock().unwrap_or_else(|p| p.into_inner());
-        for (id, (owner, held)) in builds.iter() {
+        for (id, hold) in builds.iter() {
+            let (owner, held) = (&hold.team, &hold.request);
             if Some(id.as_str()) == except || team.is_some_and(|t| owner.as_deref() != Some(t)) {
                 continue;
             }

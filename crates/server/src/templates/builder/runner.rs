@@ -116,8 +116,11 @@ pub trait BuildAdmission: Send + Sync {
     /// Admits sandbox `id` of a build of `template_id` with `resources`, or says why there is no
     /// room now.
     fn admit(&self, template_id: &str, id: &str, resources: &Resources) -> Result<(), String>;
-    /// Sandbox `id` is gone (or was never made): it stops counting.
-    fn release(&self, id: &str);
+    /// The admitted sandbox `id` is up, working on `step` of `template_id`'s build `build_id`
+    /// (it leaves a lifecycle event like any sandbox).
+    fn started(&self, template_id: &str, build_id: &str, id: &str, step: &str);
+    /// Sandbox `id` is gone (or was never made): it stops counting; `how` says what ended it.
+    fn release(&self, id: &str, how: &str);
 }
 
 /// A [`BuildAdmission`] in the build settings.
@@ -180,7 +183,14 @@ impl Drop for SandboxGuard<'_> {
         }
         // Destroyed here, or torn down by its checkpoint: it no longer holds anything.
         if let Some(admission) = self.admission {
-            admission.0.release(&self.id);
+            admission.0.release(
+                &self.id,
+                if self.armed {
+                    "destroyed: its build step ended"
+                } else {
+                    "checkpointed as the template's snapshot"
+                },
+            );
         }
     }
 }
@@ -615,8 +625,12 @@ impl<'a> TemplateBuilder<'a> {
             }
         }
         let created = self.runtime.create(spec);
-        if created.is_err() {
-            admission.0.release(&spec.id);
+        match &created {
+            Ok(_) => {
+                let build_id = job.snapshot().build_id;
+                admission.0.started(&template_id, &build_id, &spec.id, step);
+            }
+            Err(_) => admission.0.release(&spec.id, "its creation failed"),
         }
         Ok(created)
     }
@@ -1316,6 +1330,7 @@ mod tests {
     struct Stingy {
         refusals: std::sync::atomic::AtomicUsize,
         admitted: Mutex<Vec<String>>,
+        started: Mutex<Vec<String>>,
         released: Mutex<Vec<String>>,
     }
 
@@ -1333,7 +1348,15 @@ mod tests {
             Ok(())
         }
 
-        fn release(&self, id: &str) {
+        fn started(&self, template_id: &str, build_id: &str, id: &str, step: &str) {
+            self.started
+                .lock()
+                .unwrap()
+                .push(format!("{template_id}/{build_id}/{id}/{step}"));
+        }
+
+        fn release(&self, id: &str, how: &str) {
+            assert!(!how.is_empty());
             self.released.lock().unwrap().push(id.to_string());
         }
     }
@@ -1368,6 +1391,11 @@ mod tests {
         let admitted = stingy.admitted.lock().unwrap().clone();
         assert_eq!(admitted.len(), runtime.created.lock().unwrap().len());
         assert_eq!(*stingy.released.lock().unwrap(), admitted);
+        let started = stingy.started.lock().unwrap().clone();
+        assert_eq!(started.len(), admitted.len(), "{started:?}");
+        for (line, id) in started.iter().zip(&admitted) {
+            assert!(line.starts_with(&format!("t1/b1/{id}/")), "{line}");
+        }
 
         // A stopped build stops waiting.
         let never = Arc::new(Stingy {
