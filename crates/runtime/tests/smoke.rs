@@ -46,3 +46,33 @@ fn a_reused_address_answers_at_once() {
     let [a, b, c, d] = second.ip.octets();
     assert_eq!(mac.trim(), format!("02:77:{a:02x}:{b:02x}:{c:02x}:{d:02x}"));
 }
+
+/// A template of many layers (an image of 120: Docker allows 127) mounts: the overlay's options name
+/// each layer by a short staged name, not its host path, so they stay far below the one page a mount
+/// option may take. Every layer is seen, the top-most one winning.
+#[test]
+fn a_template_of_many_layers_mounts() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("layers");
+    let layers_dir = runtime.config().state_dir.join("test-layers");
+    // Top-most first: layer 0 is on top.
+    let mut layers = Vec::new();
+    for i in 0..119 {
+        let layer = layers_dir.join(format!("a-long-directory-name-like-a-layer-digest-{i:03}"));
+        std::fs::create_dir_all(layer.join("layers")).unwrap();
+        std::fs::write(layer.join("layers").join(format!("{i}")), "").unwrap();
+        std::fs::write(layer.join("which"), format!("{i}\n")).unwrap();
+        layers.push(layer);
+    }
+    layers.push(base);
+    let sandbox = runtime
+        .create(&common::spec("wt-layers", layers, common::resources()))
+        .expect("create with 120 layers");
+    let (out, code) = common::exec(&sandbox, "cat /which; ls /layers | wc -l");
+    runtime.destroy("wt-layers").expect("destroy");
+    std::fs::remove_dir_all(&layers_dir).unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "0\n119\n");
+}
