@@ -207,19 +207,7 @@ async fn build_sandboxes_leave_lifecycle_events_for_their_team() {
         .iter()
         .any(|e| e["sandboxId"] == "bld-ev-1"));
 
-    let team = h
-        .api(Method::POST, "/teams", Some(json!({"name": "blue"})))
-        .await;
-    assert_eq!(team.status, StatusCode::CREATED, "{:?}", team.json());
-    let made = h
-        .api(
-            Method::POST,
-            "/api-keys",
-            Some(json!({"name": "blue-ci", "teamID": "blue"})),
-        )
-        .await;
-    assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.json());
-    let blue = made.json()["key"].as_str().unwrap().to_string();
+    let blue = h.team_key("blue").await;
     let seen = h
         .api_as(&blue, Method::GET, "/events/sandboxes?limit=100", None)
         .await;

@@ -138,18 +138,7 @@ async fn fifty_concurrent_calls_for_one_user_make_one_sandbox() {
 #[tokio::test]
 async fn workspaces_belong_to_their_team() {
     let h = Harness::start(false, |_| {}).await;
-    let team = h
-        .api(Method::POST, "/teams", Some(json!({"name": "blue"})))
-        .await;
-    assert_eq!(team.status, StatusCode::CREATED);
-    let made = h
-        .api(
-            Method::POST,
-            "/api-keys",
-            Some(json!({"name": "blue-ci", "teamID": "blue"})),
-        )
-        .await;
-    let blue = made.json()["key"].as_str().unwrap().to_string();
+    let blue = h.team_key("blue").await;
     let red_key = h.server.api_key.clone();
     let (red, _) = handed(&h, &red_key, "carol").await;
     let (blues, action) = handed(&h, &blue, "carol").await;

@@ -65,6 +65,14 @@ impl Netlink {
 
     /// Index of link `name`, or None when there is none.
     pub async fn link_index(&self, name: &str) -> Result<Option<u32>, NetlinkError> {
+        Ok(self.link(name).await?.map(|link| link.header.index))
+    }
+
+    /// Link `name` as the kernel describes it, or None when there is none.
+    async fn link(
+        &self,
+        name: &str,
+    ) -> Result<Option<netlink_packet_route::link::LinkMessage>, NetlinkError> {
         let mut links = self
             .handle
             .link()
@@ -72,8 +80,7 @@ impl Netlink {
             .match_name(name.to_string())
             .execute();
         match links.try_next().await {
-            Ok(Some(link)) => Ok(Some(link.header.index)),
-            Ok(None) => Ok(None),
+            Ok(link) => Ok(link),
             Err(e) if errno(&e) == libc::ENODEV => Ok(None),
             Err(e) => Err(Self::request(format!("look up link {name}"))(e)),
         }
@@ -146,29 +153,18 @@ impl Netlink {
 
     /// The index and MAC of link `name`, which must exist.
     async fn link_index_and_mac(&self, name: &str) -> Result<(u32, Option<Vec<u8>>), NetlinkError> {
-        let mut links = self
-            .handle
-            .link()
-            .get()
-            .match_name(name.to_string())
-            .execute();
-        match links.try_next().await {
-            Ok(Some(link)) => {
-                let mac = link
-                    .attributes
-                    .iter()
-                    .find_map(|attribute| match attribute {
-                        netlink_packet_route::link::LinkAttribute::Address(mac) => {
-                            Some(mac.clone())
-                        }
-                        _ => None,
-                    });
-                Ok((link.header.index, mac))
-            }
-            Ok(None) => Err(NetlinkError::NoLink(name.to_string())),
-            Err(e) if errno(&e) == libc::ENODEV => Err(NetlinkError::NoLink(name.to_string())),
-            Err(e) => Err(Self::request(format!("look up link {name}"))(e)),
-        }
+        let link = self
+            .link(name)
+            .await?
+            .ok_or_else(|| NetlinkError::NoLink(name.to_string()))?;
+        let mac = link
+            .attributes
+            .iter()
+            .find_map(|attribute| match attribute {
+                netlink_packet_route::link::LinkAttribute::Address(mac) => Some(mac.clone()),
+                _ => None,
+            });
+        Ok((link.header.index, mac))
     }
 
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {

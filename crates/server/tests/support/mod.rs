@@ -115,6 +115,30 @@ impl Harness {
         answer.json()
     }
 
+    /// Makes team `name` and a key of it (as the harness's admin key); returns the key.
+    pub async fn team_key(&self, name: &str) -> String {
+        let team = self
+            .api(
+                Method::POST,
+                "/teams",
+                Some(serde_json::json!({"name": name})),
+            )
+            .await;
+        assert_eq!(team.status, StatusCode::CREATED, "{:?}", team.json());
+        let made = self
+            .api(
+                Method::POST,
+                "/api-keys",
+                Some(serde_json::json!({"name": format!("{name}-ci"), "teamID": name})),
+            )
+            .await;
+        assert_eq!(made.status, StatusCode::CREATED, "{:?}", made.json());
+        made.json()["key"]
+            .as_str()
+            .expect("the new key")
+            .to_string()
+    }
+
     pub async fn proxy(&self, path: &str, headers: &[(&str, &str)]) -> Answer {
         let url = format!("{}{}", self.server.sandbox_url, path);
         send(Method::GET, &url, headers, None).await
