@@ -270,8 +270,8 @@ fn the_bridge_mac_stays_put_while_sandboxes_come_and_go() {
         seen.push(bridge_mac(&bridge));
         sandboxes.runtime.destroy(&c.id).expect("destroy C");
         seen.push(bridge_mac(&bridge));
-        let again = sandboxes.create("wt-brmac-a", &base, false, false);
-        assert_eq!(again.ip, a.ip);
+        // A port comes back (at whatever address is free: other tests run alongside).
+        sandboxes.create("wt-brmac-a", &base, false, false);
     }
     assert!(
         seen.iter().all(|mac| *mac == expected),
