@@ -23,9 +23,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 
-/// Header bytes accepted per request (HTTP/1 buffer and HTTP/2 header list); larger header sets
-/// are refused with a protocol error and the agent keeps serving.
-
 #[derive(Debug, Parser)]
 #[command(
     name = "warren-agent",
@@ -101,7 +98,6 @@ async fn serve(listen: SocketAddr, root: PathBuf, is_pid1: bool) -> anyhow::Resu
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
         tokio::spawn(http_api::serve_connection(stream, app.clone()));
     }
 }

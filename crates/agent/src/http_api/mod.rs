@@ -22,7 +22,8 @@ use crate::filesystem::{self as fs, watch};
 use crate::process;
 use crate::state::Agent;
 
-/// The largest request head the agent reads.
+/// Header bytes accepted per request (HTTP/1 buffer and HTTP/2 header list); larger header sets
+/// are refused with a protocol error and the agent keeps serving.
 const MAX_HEADER_BYTES: usize = 64 * 1024;
 
 /// Serves one accepted connection (HTTP/1.1 or HTTP/2) until the client closes it.

@@ -231,6 +231,12 @@ impl BuildJob {
         self.lock().clone()
     }
 
+    /// The template and build this job is for (without copying its log, as `snapshot` does).
+    pub fn ids(&self) -> (String, String) {
+        let state = self.lock();
+        (state.template_id.clone(), state.build_id.clone())
+    }
+
     pub fn status(&self) -> BuildStatus {
         self.lock().status
     }

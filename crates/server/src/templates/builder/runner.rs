@@ -591,7 +591,7 @@ impl<'a> TemplateBuilder<'a> {
             return Ok(self.runtime.create(spec));
         };
         let mut said = false;
-        let template_id = job.snapshot().template_id;
+        let (template_id, build_id) = job.ids();
         let give_up = Instant::now() + self.settings.admission_wait;
         loop {
             match admission.0.admit(&template_id, &spec.id, &spec.resources) {
@@ -626,10 +626,7 @@ impl<'a> TemplateBuilder<'a> {
         }
         let created = self.runtime.create(spec);
         match &created {
-            Ok(_) => {
-                let build_id = job.snapshot().build_id;
-                admission.0.started(&template_id, &build_id, &spec.id, step);
-            }
+            Ok(_) => admission.0.started(&template_id, &build_id, &spec.id, step),
             Err(_) => admission.0.release(&spec.id, "its creation failed"),
         }
         Ok(created)

@@ -200,7 +200,7 @@ pub(crate) fn stop(runtime: &dyn Runtime, job: &BuildJob, reason: &str) -> bool 
     let Some(sandbox) = job.request_stop(reason) else {
         return false;
     };
-    tracing::warn!(build = %job.snapshot().build_id, reason, "stopping a build");
+    tracing::warn!(build = %job.ids().1, reason, "stopping a build");
     if let Some(id) = sandbox {
         if let Err(error) = runtime.destroy(&id) {
             tracing::warn!(sandbox = %id, %error, "destroying a stopped build's sandbox");
