@@ -54,6 +54,18 @@ def test_cli_sandbox_lifecycle(warren):
             state = json.loads(_ok(warren.cli("sandbox", "get", sandbox_id, "--json")).stdout)["state"]
             assert state == "running"
             assert _ok(warren.cli("sandbox", "exec", sandbox_id, "--", "echo", "back")).stdout == "back\n"
+            # Files only: a file stays, a background process does not.
+            _ok(warren.cli("sandbox", "exec", sandbox_id, "--", "echo kept > ~/cli.txt; setsid sleep 555 >/dev/null 2>&1 &"))
+            _ok(warren.cli("sandbox", "pause", sandbox_id, "--files-only", "--strict"))
+            _ok(warren.cli("sandbox", "resume", sandbox_id))
+            after = _ok(warren.cli("sandbox", "exec", sandbox_id, "--", "cat ~/cli.txt; pgrep -x sleep || echo none"))
+            assert after.stdout == "kept\nnone\n", after
+            # A memory pause, then a reboot that ignores it.
+            _ok(warren.cli("sandbox", "exec", sandbox_id, "--", "setsid sleep 556 >/dev/null 2>&1 &"))
+            _ok(warren.cli("sandbox", "pause", sandbox_id))
+            _ok(warren.cli("sandbox", "resume", sandbox_id, "--reboot"))
+            after = _ok(warren.cli("sandbox", "exec", sandbox_id, "--", "cat ~/cli.txt; pgrep -x sleep || echo none"))
+            assert after.stdout == "kept\nnone\n", after
         else:
             # Pausing may be refused on a host that cannot freeze; it must say so, not crash.
             assert paused.returncode in (1, 5), paused

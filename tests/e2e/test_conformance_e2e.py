@@ -114,30 +114,6 @@ def test_signed_file_urls_work_with_e2b_sandbox_url_and_with_domains(sdk_env, mo
         sandbox.kill()
 
 
-def test_filesystem_only_pause_is_refused_naming_the_option(sdk_env):
-    """Until volumes make them real, a filesystem-only pause (pause(keep_memory=False), an
-    auto-pause with autoPauseMemory false) is a 400 that names the option, and nothing changes."""
-    from e2b import Sandbox
-    from e2b.exceptions import SandboxException
-
-    sandbox = Sandbox.create(template="base", timeout=600)
-    try:
-        with pytest.raises(SandboxException) as exc_info:
-            sandbox.pause(keep_memory=False)
-        assert "memory=false" in str(exc_info.value)
-        with pytest.raises(SandboxException) as exc_info:
-            sandbox.pause(mode="filesystem")
-        assert "memory=false" in str(exc_info.value)
-        assert sandbox.is_running()
-    finally:
-        sandbox.kill()
-    with pytest.raises(SandboxException) as exc_info:
-        Sandbox.create(
-            template="base", timeout=600, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
-        )
-    assert "autoPauseMemory=false" in str(exc_info.value)
-
-
 def test_base_has_python_and_user_and_is_a_template_to_build_on(sdk_env):
     from e2b import Sandbox, Template
 

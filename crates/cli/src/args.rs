@@ -302,6 +302,12 @@ pub enum SandboxCommand {
     Pause {
         /// Sandbox ID.
         id: String,
+        /// Keep the files only: the processes end and a resume boots them fresh.
+        #[arg(long)]
+        files_only: bool,
+        /// Refuse (and keep the sandbox running) when its guest agent does not answer.
+        #[arg(long)]
+        strict: bool,
     },
     /// Resume a paused sandbox.
     Resume {
@@ -310,6 +316,9 @@ pub enum SandboxCommand {
         /// New timeout in seconds from now.
         #[arg(long)]
         timeout: Option<u32>,
+        /// Boot fresh processes over the saved files, ignoring any memory the pause kept.
+        #[arg(long)]
+        reboot: bool,
     },
     /// Set a sandbox's timeout: it ends SECONDS from now.
     Timeout {

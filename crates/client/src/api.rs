@@ -8,7 +8,8 @@ use serde::de::DeserializeOwned;
 
 use warren_proto::api::{
     ConnectSandbox, Error as ErrorBody, ListedSandbox, NewSandbox, Sandbox, SandboxDetail,
-    SandboxState, SandboxTimeoutRequest, Template, API_KEY_HEADER, NEXT_TOKEN_HEADER,
+    SandboxPauseRequest, SandboxState, SandboxTimeoutRequest, Template, API_KEY_HEADER,
+    NEXT_TOKEN_HEADER,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -317,26 +318,52 @@ impl ApiClient {
     }
 
     pub async fn pause_sandbox(&self, id: &str) -> Result<(), ApiError> {
-        self.send(self.request(
-            Method::POST,
-            &format!("sandboxes/{}/pause", path_segment(id)),
-        )?)
+        self.pause_sandbox_as(id, &SandboxPauseRequest::default())
+            .await
+    }
+
+    /// Pauses keeping what `request` says (`memory: false`: the files only; `requireHealthyGuest`).
+    pub async fn pause_sandbox_as(
+        &self,
+        id: &str,
+        request: &SandboxPauseRequest,
+    ) -> Result<(), ApiError> {
+        self.send(
+            self.request(
+                Method::POST,
+                &format!("sandboxes/{}/pause", path_segment(id)),
+            )?
+            .json(request),
+        )
         .await
         .map(drop)
     }
 
     /// Connects to a sandbox, resuming it when paused, and sets its timeout (`POST /sandboxes/{id}/connect`).
     pub async fn connect_sandbox(&self, id: &str, timeout_secs: i64) -> Result<Sandbox, ApiError> {
-        let body = ConnectSandbox {
-            timeout: Some(timeout_secs),
-            ..ConnectSandbox::default()
-        };
+        self.connect_sandbox_as(
+            id,
+            &ConnectSandbox {
+                timeout: Some(timeout_secs),
+                ..ConnectSandbox::default()
+            },
+        )
+        .await
+    }
+
+    /// [`Self::connect_sandbox`] with the whole body (`memory: false` boots a paused sandbox afresh
+    /// over its files).
+    pub async fn connect_sandbox_as(
+        &self,
+        id: &str,
+        body: &ConnectSandbox,
+    ) -> Result<Sandbox, ApiError> {
         self.send_json(
             self.request(
                 Method::POST,
                 &format!("sandboxes/{}/connect", path_segment(id)),
             )?
-            .json(&body),
+            .json(body),
         )
         .await
     }

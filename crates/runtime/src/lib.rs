@@ -364,6 +364,33 @@ pub trait Runtime: Send + Sync {
         dest: &std::path::Path,
         leave_running: bool,
     ) -> Result<CheckpointInfo, RuntimeError>;
+    /// Save only the runtime layer into `dest` as a filesystem-only checkpoint (no processes, no CRIU):
+    /// a sandbox booted from it starts fresh over the files. With `leave_running` the sandbox keeps
+    /// running (snapshots); without, it is gone afterwards (filesystem pause).
+    fn checkpoint_disk(
+        &self,
+        id: &str,
+        dest: &std::path::Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let _ = (id, dest, leave_running);
+        Err(RuntimeError::Unsupported(
+            "filesystem-only checkpoints".into(),
+        ))
+    }
+    /// Start a fresh sandbox (as [`Runtime::create`]) whose runtime layer begins as the one saved in
+    /// `checkpoint`, any memory it holds ignored (filesystem resume, `on_resume="reboot"`). The
+    /// checkpoint is only read.
+    fn boot_from_disk(
+        &self,
+        checkpoint: &std::path::Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError> {
+        let _ = (checkpoint, spec);
+        Err(RuntimeError::Unsupported(
+            "booting a sandbox from a saved filesystem".into(),
+        ))
+    }
     /// Copy the sandbox's writable layer (overlay upper dir, whiteouts included) to `dest`, which then
     /// serves as a read-only layer of new sandboxes (template builds).
     fn commit_layer(&self, id: &str, dest: &std::path::Path) -> Result<u64, RuntimeError>;

@@ -235,8 +235,12 @@ impl LinuxRuntime {
         &self,
         spec: &SandboxSpec,
         dir: &Path,
-        restore: Option<(&Path, &Manifest)>,
+        start: Start<'_>,
     ) -> Result<Sandbox, RuntimeError> {
+        let restore = match start {
+            Start::Restore(checkpoint, manifest) => Some((checkpoint, manifest)),
+            Start::Fresh | Start::FromDisk(_) => None,
+        };
         let started = Instant::now();
         let ip = match restore {
             Some((_, manifest)) => self.restore_ip(spec, manifest)?,
@@ -285,9 +289,14 @@ impl LinuxRuntime {
                         .then(|| self.config.state_dir.join("cache").join("images")),
                 });
             }
-            None => disk
-                .seed(&spec.id, ip)
-                .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?,
+            None => {
+                if let Start::FromDisk(checkpoint) = start {
+                    checkpoint::prepare_layer(checkpoint, &disk.upper())
+                        .map_err(checkpoint_error)?;
+                }
+                disk.seed(&spec.id, ip)
+                    .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?
+            }
         }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;
@@ -434,6 +443,30 @@ impl LinuxRuntime {
     }
 
     /// Removes everything of sandbox `id` that exists, in reverse order of creation. Idempotent.
+    /// Makes the new sandbox's directory and starts it; on failure whatever was made goes again.
+    fn start_new(&self, spec: &SandboxSpec, start: Start<'_>) -> Result<Sandbox, RuntimeError> {
+        let dir = self.sandbox_dir(&spec.id);
+        if self.cgroup(&spec.id).exists() {
+            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
+        }
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(RuntimeError::AlreadyExists(spec.id.clone()))
+            }
+            Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
+        }
+        match self.create_inner(spec, &dir, start) {
+            Ok(sandbox) => Ok(sandbox),
+            Err(error) => {
+                if let Err(cleanup) = self.teardown(&spec.id) {
+                    tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed start");
+                }
+                Err(error)
+            }
+        }
+    }
+
     fn teardown(&self, id: &str) -> Result<(), RuntimeError> {
         let dir = self.sandbox_dir(id);
         let record = SandboxRecord::read(&dir).ok().flatten();
@@ -723,26 +756,7 @@ impl Runtime for LinuxRuntime {
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
         validate_spec(spec)?;
-        let dir = self.sandbox_dir(&spec.id);
-        if self.cgroup(&spec.id).exists() {
-            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
-        }
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(RuntimeError::AlreadyExists(spec.id.clone()))
-            }
-            Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
-        }
-        match self.create_inner(spec, &dir, None) {
-            Ok(sandbox) => Ok(sandbox),
-            Err(error) => {
-                if let Err(cleanup) = self.teardown(&spec.id) {
-                    tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed create");
-                }
-                Err(error)
-            }
-        }
+        self.start_new(spec, Start::Fresh)
     }
 
     fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
@@ -1057,36 +1071,98 @@ impl Runtime for LinuxRuntime {
             )));
         }
         let manifest = Manifest::read(checkpoint).map_err(checkpoint_error)?;
-        if manifest.layers != spec.layers {
+        same_layers(checkpoint, &manifest, spec)?;
+        if !manifest.memory {
             return Err(RuntimeError::InvalidSpec(format!(
-                "checkpoint {} was taken over layers {:?}; the spec names {:?}",
-                checkpoint.display(),
-                manifest.layers,
-                spec.layers
+                "checkpoint {} holds the filesystem only; boot it from disk instead",
+                checkpoint.display()
             )));
         }
-        let dir = self.sandbox_dir(&spec.id);
-        if self.cgroup(&spec.id).exists() {
-            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
-        }
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(RuntimeError::AlreadyExists(spec.id.clone()))
-            }
-            Err(e) => return Err(io_error(format!("create {}", dir.display()))(e)),
-        }
         // The checkpoint is only read: whatever fails here, it stays as it was.
-        match self.create_inner(spec, &dir, Some((checkpoint, &manifest))) {
-            Ok(sandbox) => Ok(sandbox),
-            Err(error) => {
-                if let Err(cleanup) = self.teardown(&spec.id) {
-                    tracing::warn!(sandbox = %spec.id, error = %cleanup, "cleanup after failed restore");
-                }
-                Err(error)
+        self.start_new(spec, Start::Restore(checkpoint, &manifest))
+    }
+
+    fn checkpoint_disk(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let record = self.live_record(id)?;
+        let dir = self.sandbox_dir(id);
+        if dest.starts_with(&dir) {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "checkpoint destination {} lies inside the sandbox's own directory",
+                dest.display()
+            )));
+        }
+        let freezer =
+            FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
+        let upper = LayerDisk::at(&dir).upper();
+        let target = DumpTarget {
+            sandbox_id: id,
+            ip: record.ip,
+            init_pid: record.init_pid,
+            freezer,
+            upper: &upper,
+            layers: &record.layers,
+        };
+        let dumped =
+            checkpoint::dump_disk(&target, dest, leave_running).map_err(checkpoint_error)?;
+        tracing::info!(
+            sandbox = %id,
+            bytes = dumped.info.size_bytes,
+            frozen_ms = dumped.timings.frozen.as_millis() as u64,
+            leave_running,
+            "filesystem checkpoint written"
+        );
+        if !leave_running {
+            if let Err(error) = self.teardown(id) {
+                tracing::warn!(sandbox = %id, %error, "teardown after filesystem pause");
             }
         }
+        Ok(dumped.info)
     }
+
+    fn boot_from_disk(
+        &self,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError> {
+        validate_spec(spec)?;
+        let manifest = Manifest::read(checkpoint).map_err(checkpoint_error)?;
+        same_layers(checkpoint, &manifest, spec)?;
+        // Only the layer archive is read; the checkpoint stays as it was.
+        self.start_new(spec, Start::FromDisk(checkpoint))
+    }
+}
+
+/// A checkpoint's runtime layer lies over the read-only layers it was taken over, and no others.
+fn same_layers(
+    checkpoint: &Path,
+    manifest: &Manifest,
+    spec: &SandboxSpec,
+) -> Result<(), RuntimeError> {
+    if manifest.layers == spec.layers {
+        return Ok(());
+    }
+    Err(RuntimeError::InvalidSpec(format!(
+        "checkpoint {} was taken over layers {:?}; the spec names {:?}",
+        checkpoint.display(),
+        manifest.layers,
+        spec.layers
+    )))
+}
+
+/// How a new sandbox's processes and runtime layer begin.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    /// Fresh processes over an empty runtime layer.
+    Fresh,
+    /// Fresh processes over the runtime layer saved in a checkpoint (its memory, if any, ignored).
+    FromDisk(&'a Path),
+    /// The checkpoint's processes and runtime layer.
+    Restore(&'a Path, &'a Manifest),
 }
 
 /// An address lease failure: an empty pool is the host's limit, anything else the runtime's fault.

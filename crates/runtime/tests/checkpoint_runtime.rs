@@ -140,3 +140,63 @@ fn pause_resume_and_fork_through_the_runtime() {
     assert!(common::veths_for(&[resumed.ip, fork.ip]).is_empty());
     let _ = std::fs::remove_dir_all(&runtime.config().state_dir);
 }
+
+/// Filesystem-only: the runtime layer is saved without the processes (no CRIU involved), the sandbox
+/// is gone, and a sandbox booted from the saved layer has the files but fresh processes; the saved
+/// checkpoint cannot be restored as if it held memory, and it is only read by the boot.
+#[test]
+fn a_filesystem_checkpoint_keeps_files_and_boots_fresh_processes() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("ckdisk");
+    let _cleanup = Cleanup(&runtime, &["wt-ck-disk", "wt-ck-disk-2"]);
+    let spec = common::spec("wt-ck-disk", vec![base.clone()], common::resources());
+    let sandbox = runtime.create(&spec).expect("create");
+    let (out, code) = common::exec(
+        &sandbox,
+        "echo kept > /root/note && rm /etc/motd && \
+         setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo started",
+    );
+    assert_eq!(code, 0, "{out}");
+    let (out, _) = common::exec(&sandbox, "pgrep -x sleep");
+    assert!(!out.trim().is_empty(), "the sleeper runs before the pause");
+
+    let dest = runtime.config().state_dir.join("saved").join("wt-ck-disk");
+    let info = runtime
+        .checkpoint_disk("wt-ck-disk", &dest, false)
+        .expect("filesystem checkpoint");
+    assert_eq!(info.dir, dest);
+    assert!(
+        matches!(runtime.stats("wt-ck-disk"), Err(RuntimeError::NotFound(_))),
+        "the paused sandbox is gone"
+    );
+    let manifest = warren_runtime::checkpoint::Manifest::read(&dest).expect("manifest");
+    assert!(
+        !manifest.memory && manifest.images.is_empty(),
+        "{manifest:?}"
+    );
+    let restored = runtime.restore(&dest, &spec);
+    assert!(
+        matches!(&restored, Err(RuntimeError::InvalidSpec(m)) if m.contains("filesystem only")),
+        "{restored:?}"
+    );
+
+    let booted = runtime
+        .boot_from_disk(&dest, &spec)
+        .expect("boot from disk");
+    let (out, code) = common::exec(&booted, "cat /root/note; test -e /etc/motd; echo motd=$?");
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(out, "kept\nmotd=1\n", "files and deletions survive");
+    let (out, _) = common::exec(&booted, "pgrep -x sleep || echo none");
+    assert_eq!(out.trim(), "none", "processes start fresh");
+    let (out, _) = common::exec(&booted, "hostname");
+    assert_eq!(out.trim(), "wt-ck-disk");
+
+    // The same saved layer boots a second sandbox under another name: the checkpoint was only read.
+    runtime.destroy("wt-ck-disk").expect("destroy");
+    let other = common::spec("wt-ck-disk-2", vec![base], common::resources());
+    let second = runtime.boot_from_disk(&dest, &other).expect("second boot");
+    let (out, _) = common::exec(&second, "cat /root/note; hostname");
+    assert_eq!(out, "kept\nwt-ck-disk-2\n");
+}

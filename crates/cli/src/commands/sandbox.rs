@@ -22,14 +22,29 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
         SandboxCommand::List(args) => list(global, args).await,
         SandboxCommand::Get { id } => get(global, &id).await,
         SandboxCommand::Kill { ids } => kill(global, &ids).await,
-        SandboxCommand::Pause { id } => {
-            api_client(global)?.pause_sandbox(&id).await?;
+        SandboxCommand::Pause {
+            id,
+            files_only,
+            strict,
+        } => {
+            let request = warren_client::types::SandboxPauseRequest {
+                memory: files_only.then_some(false),
+                require_healthy_guest: strict.then_some(true),
+            };
+            api_client(global)?.pause_sandbox_as(&id, &request).await?;
             report(global, &id, "paused")
         }
-        SandboxCommand::Resume { id, timeout } => {
-            let sandbox = api_client(global)?
-                .connect_sandbox(&id, timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT_SECS).into())
-                .await?;
+        SandboxCommand::Resume {
+            id,
+            timeout,
+            reboot,
+        } => {
+            let body = warren_client::types::ConnectSandbox {
+                timeout: Some(timeout.unwrap_or(DEFAULT_RESUME_TIMEOUT_SECS).into()),
+                memory: reboot.then_some(false),
+                ..Default::default()
+            };
+            let sandbox = api_client(global)?.connect_sandbox_as(&id, &body).await?;
             if global.json {
                 print_json(&sandbox)?;
                 return Ok(exit_code::OK);

@@ -27,6 +27,15 @@ pub struct Manifest {
     pub images: Vec<StoredFile>,
     /// The writable layer as a zstd-compressed tar.
     pub layer: StoredFile,
+    /// Whether the processes were dumped too. A filesystem-only checkpoint (`false`) has no images
+    /// and no CRIU version: it can only be booted from disk, never restored. Manifests written before
+    /// this field existed all held memory.
+    #[serde(default = "holds_memory_by_default")]
+    pub memory: bool,
+}
+
+fn holds_memory_by_default() -> bool {
+    true
 }
 
 /// One file of the checkpoint.
@@ -135,6 +144,7 @@ mod tests {
             layers: vec![PathBuf::from("/var/cache/warren/rootfs/debian12-base")],
             images: vec![file("images/pages-1.img.zst", "pages-1.img")],
             layer: file("layer.tar.zst", "layer.tar"),
+            memory: true,
         }
     }
 
@@ -162,6 +172,21 @@ mod tests {
             matches!(Manifest::read(&dir), Err(CheckpointError::Invalid(m)) if m.contains("format"))
         );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn manifests_without_the_memory_field_held_memory() {
+        let mut json: serde_json::Value =
+            serde_json::from_slice(&sample().to_json().unwrap()).unwrap();
+        json.as_object_mut().unwrap().remove("memory");
+        let read = Manifest::from_json(&serde_json::to_vec(&json).unwrap()).unwrap();
+        assert!(read.memory);
+
+        let mut disk_only = sample();
+        disk_only.memory = false;
+        disk_only.images.clear();
+        let read = Manifest::from_json(&disk_only.to_json().unwrap()).unwrap();
+        assert!(!read.memory);
     }
 
     #[test]

@@ -233,6 +233,7 @@ impl Checkpointer {
                 layers: target.layers.to_vec(),
                 images,
                 layer,
+                memory: true,
             };
             write_file(
                 &atomic.path().join(manifest::MANIFEST_FILE),
@@ -297,6 +298,12 @@ impl Checkpointer {
         manifest: &Manifest,
         target: &RestoreTarget<'_>,
     ) -> Result<Restored, CheckpointError> {
+        if !manifest.memory {
+            return Err(CheckpointError::Invalid(format!(
+                "{} holds the filesystem only (no processes to restore); boot it from disk instead",
+                checkpoint.display()
+            )));
+        }
         let criu = self.criu()?;
         let started = Instant::now();
         let images = target.work_dir.join(store::IMAGES_DIR);
@@ -343,6 +350,62 @@ impl Checkpointer {
             total: started.elapsed(),
         })
     }
+}
+
+/// Saves the writable layer of the sandbox into `dest` (which must not exist) as a filesystem-only
+/// checkpoint: no processes, so no CRIU. The sandbox is frozen while its layer is archived, so the
+/// archive is one moment of its disk; with `leave_running` it is thawed afterwards (unless it was
+/// frozen before), without it stays frozen for the caller to destroy. On error the sandbox is as it
+/// was and `dest` does not exist.
+pub fn dump_disk(
+    target: &DumpTarget<'_>,
+    dest: &Path,
+    leave_running: bool,
+) -> Result<Dumped, CheckpointError> {
+    let started = Instant::now();
+    let atomic = store::AtomicDir::create(dest)?;
+    let was_frozen = target.freezer.is_frozen()?;
+    if !was_frozen {
+        target.freezer.freeze()?;
+    }
+    let frozen_at = Instant::now();
+    let finish = || -> Result<Dumped, CheckpointError> {
+        let layer = store::archive_layer(target.upper, atomic.path())?;
+        let manifest = Manifest {
+            format: manifest::FORMAT,
+            sandbox_id: target.sandbox_id.to_string(),
+            ip: target.ip,
+            criu_version: String::new(),
+            created_at_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+            layers: target.layers.to_vec(),
+            images: Vec::new(),
+            layer,
+            memory: false,
+        };
+        write_file(
+            &atomic.path().join(manifest::MANIFEST_FILE),
+            &manifest.to_json()?,
+        )?;
+        Ok(Dumped {
+            info: CheckpointInfo {
+                dir: dest.to_path_buf(),
+                size_bytes: manifest.stored_bytes(),
+            },
+            timings: DumpTimings::default(),
+        })
+    };
+    let outcome = finish().and_then(|dumped| atomic.commit().map(|_| dumped));
+    let frozen = frozen_at.elapsed();
+    if !was_frozen && (leave_running || outcome.is_err()) {
+        target.freezer.thaw()?;
+    }
+    let mut dumped = outcome?;
+    dumped.timings.frozen = frozen;
+    dumped.timings.total = started.elapsed();
+    Ok(dumped)
 }
 
 /// Reads and checks the manifest of `checkpoint` and unpacks its writable layer into the empty dir

@@ -109,6 +109,11 @@ impl From<LifecycleError> for ApiError {
                 message: message.clone(),
                 error_code: Some("not_supported_on_this_host"),
             },
+            LifecycleError::GuestUnresponsive(_) => ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: error.to_string(),
+                error_code: Some("sandbox_guest_agent_unresponsive"),
+            },
             LifecycleError::Runtime { action, id, source } => {
                 runtime_failure(action, id, source, &error)
             }

@@ -17,7 +17,7 @@ use super::paging;
 use super::AppState;
 use crate::lifecycle::monitor::{cpu_count, sample_of};
 use crate::lifecycle::state::SandboxState;
-use crate::lifecycle::{CreateRequest, IdempotencyKey, LogItem, ResumeOutcome};
+use crate::lifecycle::{CreateRequest, IdempotencyKey, LogItem, PauseMode, ResumeOutcome};
 use crate::store::{
     LogLevel, LogQuery, MetricSample, Millis, SandboxFilter, SandboxIngress, SandboxRecord,
 };
@@ -192,10 +192,17 @@ fn create_request(
     if template.is_empty() {
         return Err(ApiError::bad_request("templateID must not be empty"));
     }
-    if body.auto_pause_memory == Some(false) {
+    let files_only = body.auto_pause_memory == Some(false);
+    if files_only
+        && body
+            .auto_resume
+            .as_ref()
+            .is_some_and(|config| config.enabled)
+    {
         return Err(ApiError::bad_request(
-            "autoPauseMemory=false is not supported by this server: its auto-pause always keeps memory \
-             (SDK: on_timeout mode \"filesystem\" / keep_memory=False); leave autoPauseMemory unset or true",
+            "autoPauseMemory=false cannot be combined with autoResume.enabled=true: a filesystem-only \
+             pause cold-boots on resume, which traffic must not trigger (SDK: on_timeout mode \"filesystem\" \
+             without auto_resume)",
         ));
     }
     let mut unsupported: Vec<&str> = Vec::new();
@@ -238,6 +245,7 @@ fn create_request(
         template,
         timeout: body.timeout,
         auto_pause: body.auto_pause.unwrap_or(false),
+        auto_pause_files_only: files_only,
         auto_resume: body.auto_resume.map(|config| config.enabled),
         secure,
         private_traffic: body.network.as_ref().and_then(|n| n.allow_public_traffic) == Some(false),
@@ -766,24 +774,17 @@ async fn pause(
     OptionalJson(body): OptionalJson<api::SandboxPauseRequest>,
 ) -> Result<StatusCode, ApiError> {
     key.sandbox(&state, &id).await?;
-    if body.memory == Some(false) {
-        return Err(ApiError::bad_request(
-            "memory=false is not supported by this server: a pause always keeps memory \
-             (SDK: pause(mode=\"filesystem\") / keep_memory=False); leave memory unset or true",
-        ));
-    }
-    state.lifecycle.pause(&id, "paused through the API").await?;
+    let mode = if body.memory == Some(false) {
+        PauseMode::Filesystem
+    } else {
+        PauseMode::Memory
+    };
+    let strict = body.require_healthy_guest == Some(true);
+    state
+        .lifecycle
+        .pause_as(&id, "paused through the API", mode, strict)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-fn check_memory(body: &api::ConnectSandbox) -> Result<(), ApiError> {
-    if body.memory == Some(false) {
-        return Err(ApiError::bad_request(
-            "memory=false is not supported by this server: a resume always restores memory \
-             (no cold boot from disk); leave memory unset or true",
-        ));
-    }
-    Ok(())
 }
 
 async fn resume(
@@ -793,7 +794,6 @@ async fn resume(
     OptionalJson(body): OptionalJson<api::ConnectSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
     key.sandbox(&state, &id).await?;
-    check_memory(&body)?;
     let record = state.lifecycle.get(&id).await?;
     if record.state.api_state() == Some(api::SandboxState::Running) {
         return Err(ApiError::new(
@@ -801,7 +801,8 @@ async fn resume(
             format!("sandbox {id} is already running"),
         ));
     }
-    let (record, _) = state.lifecycle.resume(&id, body.timeout).await?;
+    let reboot = body.memory == Some(false);
+    let (record, _) = state.lifecycle.resume_as(&id, body.timeout, reboot).await?;
     Ok((StatusCode::CREATED, Json(created(&state, &record))))
 }
 
@@ -812,8 +813,8 @@ async fn connect(
     OptionalJson(body): OptionalJson<api::ConnectSandbox>,
 ) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
     key.sandbox(&state, &id).await?;
-    check_memory(&body)?;
-    let (record, outcome) = state.lifecycle.resume(&id, body.timeout).await?;
+    let reboot = body.memory == Some(false);
+    let (record, outcome) = state.lifecycle.resume_as(&id, body.timeout, reboot).await?;
     let status = match outcome {
         ResumeOutcome::Resumed => StatusCode::CREATED,
         ResumeOutcome::AlreadyRunning => StatusCode::OK,

@@ -78,15 +78,11 @@ async fn create(
     OptionalJson(body): OptionalJson<api::SandboxSnapshotRequest>,
 ) -> Result<(StatusCode, Json<api::SnapshotInfo>), ApiError> {
     key.sandbox(&state, &id).await?;
-    if body.memory == Some(false) {
-        return Err(ApiError {
-            status: StatusCode::BAD_REQUEST,
-            message: "filesystem-only snapshots (memory=false) are not supported by this server"
-                .to_string(),
-            error_code: Some("snapshot_filesystem_only_disabled"),
-        });
-    }
-    let record = state.lifecycle.create_snapshot(&id, body.name).await?;
+    let memory = body.memory != Some(false);
+    let record = state
+        .lifecycle
+        .create_snapshot(&id, body.name, memory)
+        .await?;
     Ok((StatusCode::CREATED, Json(info(&record))))
 }
 

@@ -74,7 +74,8 @@ impl Usage {
     pub fn of<'a>(sandboxes: impl IntoIterator<Item = &'a SandboxRecord>, max_pids: u64) -> Usage {
         let mut usage = Usage::default();
         for sandbox in sandboxes {
-            if !sandbox.state.holds_resources() || sandbox.pause_kind == Some(PauseKind::Checkpoint)
+            if !sandbox.state.holds_resources()
+                || sandbox.pause_kind.is_some_and(PauseKind::on_disk)
             {
                 continue;
             }

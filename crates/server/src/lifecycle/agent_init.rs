@@ -89,3 +89,17 @@ pub async fn init_agent(
         delay = (delay * 2).min(Duration::from_millis(250));
     }
 }
+
+/// Whether the agent at `addr` answers `GET /health` with a success within `timeout` (one try: a
+/// strict pause asks whether the guest responds now, not whether it would eventually).
+pub async fn agent_responds(addr: SocketAddr, timeout: Duration) -> bool {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let Ok(request) = hyper::Request::get(format!("http://{addr}/health")).body(Full::default())
+    else {
+        return false;
+    };
+    matches!(
+        tokio::time::timeout(timeout, client.request(request)).await,
+        Ok(Ok(response)) if response.status().is_success()
+    )
+}

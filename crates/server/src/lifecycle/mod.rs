@@ -18,7 +18,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use idempotency::IdempotencyKey;
 pub use operations::{
-    CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, ResumeOutcome, RouteError,
+    CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, PauseMode, ResumeOutcome,
+    RouteError,
 };
 pub use routes::TrafficRoute;
 pub use snapshots::{ForkOutcome, GcReport, MAX_FORKS};

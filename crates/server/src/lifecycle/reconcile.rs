@@ -66,7 +66,7 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
     for mut record in tracked {
         let running = live.remove(&record.id);
         match (record.state, running) {
-            (SandboxState::Paused, None) if record.pause_kind == Some(PauseKind::Checkpoint) => {
+            (SandboxState::Paused, None) if record.pause_kind.is_some_and(PauseKind::on_disk) => {
                 report.kept_checkpoints.push(record.id.clone());
             }
             (SandboxState::Running, Some(sandbox))
@@ -239,7 +239,7 @@ async fn settle(
         reason: Some(reason.to_string()),
         ip: Some(None),
         init_pid: Some(None),
-        pause_kind: Some(Some(PauseKind::Checkpoint)),
+        pause_kind: Some(Some(PauseKind::of_checkpoint(&dir))),
         snapshot_dir: Some(Some(dir)),
         ..TransitionUpdate::default()
     };
@@ -290,7 +290,7 @@ async fn settle(
         // one means the resume did not finish. A half-restored tree (its agent perhaps not initialised)
         // is destroyed; the next resume restores again.
         (SandboxState::Resuming, running)
-            if record.pause_kind == Some(PauseKind::Checkpoint)
+            if record.pause_kind.is_some_and(PauseKind::on_disk)
                 && record
                     .snapshot_dir
                     .as_deref()

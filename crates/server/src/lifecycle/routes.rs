@@ -11,6 +11,11 @@ use std::sync::RwLock;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TrafficRoute {
     pub ip: Ipv4Addr,
+    /// Host PID of the sandbox's init: new after every restore or boot, so that the proxy never
+    /// reuses a pooled connection to an earlier run of the sandbox at the same address (a rebooted
+    /// agent does not know it, and a connection held across a pause with the network locked never
+    /// saw its end).
+    pub incarnation: u32,
     /// A private sandbox's traffic access token: requests to its user ports must carry it.
     pub traffic_token: Option<String>,
     /// The `Host` its services see and which of its ports speak TLS.
@@ -35,6 +40,7 @@ impl Route {
     pub(crate) fn live(ip: Ipv4Addr, record: &crate::store::SandboxRecord) -> Route {
         Route::Live(TrafficRoute {
             ip,
+            incarnation: record.init_pid.unwrap_or(0),
             traffic_token: record.traffic_access_token.clone(),
             ingress: record.ingress.clone(),
         })
@@ -72,6 +78,7 @@ mod tests {
         let ip = Ipv4Addr::new(10, 77, 0, 2);
         let live = Route::Live(TrafficRoute {
             ip,
+            incarnation: 7,
             traffic_token: None,
             ingress: Default::default(),
         });

@@ -69,6 +69,7 @@ impl Lifecycle {
         record: &SandboxRecord,
         dir: &Path,
         purpose: &str,
+        memory: bool,
     ) -> Result<u64, LifecycleError> {
         if record.state != SandboxState::Running {
             return Err(LifecycleError::Conflict(format!(
@@ -80,7 +81,10 @@ impl Lifecycle {
         let dest = dir.to_path_buf();
         let started = std::time::Instant::now();
         match self
-            .on_runtime(move |runtime| runtime.checkpoint(&id, &dest, true))
+            .on_runtime(move |runtime| match memory {
+                true => runtime.checkpoint(&id, &dest, true),
+                false => runtime.checkpoint_disk(&id, &dest, true),
+            })
             .await
         {
             Ok(info) => {
@@ -147,7 +151,7 @@ impl Lifecycle {
             .join(format!("{FORK_DIR_PREFIX}{}", random_suffix()));
         let source = {
             let (_held, source) = self.lock_live(id).await?;
-            self.checkpoint_running(&source, &dir, &format!("fork x{count}"))
+            self.checkpoint_running(&source, &dir, &format!("fork x{count}"), true)
                 .await?;
             source
         };
@@ -160,6 +164,7 @@ impl Lifecycle {
                 memory_mib: source.memory_mib,
                 disk_mib: source.disk_mib,
                 checkpoint: Some(dir.clone()),
+                boot_from_disk: false,
                 agent_token: source.envd_access_token.clone(),
                 counts_as_template_spawn: false,
                 cold_start: None,
@@ -209,10 +214,14 @@ impl Lifecycle {
 
     /// `POST /sandboxes/{id}/snapshots`: checkpoint the running sandbox (it keeps running) into a stored
     /// snapshot whose id (or name) works as a `templateID`.
+    /// `POST /sandboxes/{id}/snapshots`: a template-like snapshot of the running sandbox, which keeps
+    /// running. With `memory` false only its files are kept (no CRIU needed) and sandboxes created
+    /// from the snapshot boot fresh over them.
     pub async fn create_snapshot(
         &self,
         id: &str,
         name: Option<String>,
+        memory: bool,
     ) -> Result<SnapshotRecord, LifecycleError> {
         if let Some(name) = &name {
             if name.trim().is_empty() || name.len() > 128 || name.contains('/') {
@@ -221,13 +230,15 @@ impl Lifecycle {
                 )));
             }
         }
-        self.require_checkpoints("a snapshot")?;
+        if memory {
+            self.require_checkpoints("a snapshot with memory")?;
+        }
         let snapshot_id = format!("{SNAPSHOT_ID_PREFIX}{}", random_suffix());
         let dir = self.config().snapshots_dir().join(&snapshot_id);
         let (_held, source) = self.lock_live(id).await?;
         let layers = self.layers_of(&source).await?;
         let size_bytes = self
-            .checkpoint_running(&source, &dir, &format!("snapshot {snapshot_id}"))
+            .checkpoint_running(&source, &dir, &format!("snapshot {snapshot_id}"), memory)
             .await?;
         let record = SnapshotRecord {
             id: snapshot_id,

@@ -218,7 +218,7 @@ impl Proxy {
                     .await
             } else {
                 let (parts, body) = self
-                    .forward(request, addr, https, &target)
+                    .forward(request, addr, https, &target, route.incarnation)
                     .await
                     .into_parts();
                 let body = Guarded {
@@ -274,6 +274,7 @@ impl Proxy {
         addr: SocketAddr,
         https: bool,
         target: &Target,
+        incarnation: u32,
     ) -> Response<ProxyBody> {
         let (mut parts, body) = request.into_parts();
         let authority = parts
@@ -281,10 +282,12 @@ impl Proxy {
             .authority()
             .map(|authority| authority.as_str().to_string());
         let path = parts.uri.path_and_query().map_or("/", |path| path.as_str());
-        // The sandbox ID rides in the authority's user part: the client's connection pool is keyed by the
-        // whole authority, so a later sandbox that gets the same address never inherits a stale pooled
-        // connection. It connects to the host part only and never sends the user part.
-        parts.uri = match format!("http://{}@{addr}{path}", target.sandbox_id).parse() {
+        // The sandbox ID and its incarnation ride in the authority's user part: the client's connection
+        // pool is keyed by the whole authority, so neither a later sandbox that gets the same address nor
+        // the same sandbox restored or rebooted there inherits a stale pooled connection. The client
+        // connects to the host part only and never sends the user part.
+        parts.uri = match format!("http://{}-{incarnation}@{addr}{path}", target.sandbox_id).parse()
+        {
             Ok(uri) => uri,
             Err(error) => {
                 return error_response(

@@ -145,6 +145,9 @@ pub enum PauseKind {
     Checkpoint,
     /// cgroup freezer; memory stays resident.
     Freeze,
+    /// The runtime layer on disk without the processes (`pause(mode="filesystem")`); nothing runs,
+    /// and a resume boots fresh processes over the files.
+    Filesystem,
 }
 
 impl PauseKind {
@@ -152,6 +155,7 @@ impl PauseKind {
         match self {
             PauseKind::Checkpoint => "checkpoint",
             PauseKind::Freeze => "freeze",
+            PauseKind::Filesystem => "filesystem",
         }
     }
 
@@ -159,7 +163,21 @@ impl PauseKind {
         match value {
             "checkpoint" => Some(PauseKind::Checkpoint),
             "freeze" => Some(PauseKind::Freeze),
+            "filesystem" => Some(PauseKind::Filesystem),
             _ => None,
+        }
+    }
+
+    /// Paused into a directory on disk (nothing of it runs on the host), as opposed to frozen.
+    pub fn on_disk(self) -> bool {
+        matches!(self, PauseKind::Checkpoint | PauseKind::Filesystem)
+    }
+
+    /// How the complete checkpoint at `dir` paused its sandbox: with its memory or without.
+    pub fn of_checkpoint(dir: &std::path::Path) -> Self {
+        match warren_runtime::checkpoint::Manifest::read(dir) {
+            Ok(manifest) if !manifest.memory => PauseKind::Filesystem,
+            _ => PauseKind::Checkpoint,
         }
     }
 }
@@ -229,6 +247,8 @@ pub struct SandboxRecord {
     pub memory_mib: u64,
     pub disk_mib: u64,
     pub auto_pause: bool,
+    /// Whether the auto-pause keeps memory (a checkpoint) or only the files (`autoPauseMemory`).
+    pub auto_pause_memory: bool,
     pub auto_resume: bool,
     pub allow_internet: Option<bool>,
     pub envd_access_token: Option<String>,

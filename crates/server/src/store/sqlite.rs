@@ -256,6 +256,7 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
         memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
         disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
         auto_pause: row.try_get("auto_pause")?,
+        auto_pause_memory: row.try_get("auto_pause_memory")?,
         auto_resume: row.try_get("auto_resume")?,
         allow_internet: row.try_get("allow_internet")?,
         envd_access_token: row.try_get("envd_access_token")?,
@@ -773,8 +774,8 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress, policies, ingress) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress, policies, ingress, auto_pause_memory) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -803,6 +804,7 @@ impl Store for SqliteStore {
         .bind(egress_to_json(&s.egress))
         .bind((s.policies != Default::default()).then(|| to_json(&s.policies)))
         .bind((!s.ingress.is_default()).then(|| to_json(&s.ingress)))
+        .bind(s.auto_pause_memory)
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -1159,6 +1161,7 @@ mod tests {
             memory_mib: 256,
             disk_mib: 512,
             auto_pause: false,
+            auto_pause_memory: true,
             auto_resume: false,
             allow_internet: None,
             envd_access_token: None,

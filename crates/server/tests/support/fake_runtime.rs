@@ -38,6 +38,8 @@ pub struct Recorded {
     pub destroyed: Vec<String>,
     pub created: Vec<SandboxSpec>,
     pub restored: Vec<SandboxSpec>,
+    /// Sandboxes started fresh over saved files (`boot_from_disk`).
+    pub booted: Vec<SandboxSpec>,
 }
 
 pub struct FakeRuntime {
@@ -94,6 +96,13 @@ impl FakeRuntime {
             .filter(|(sid, _, _)| sid == id)
             .map(|(_, body, token)| (body.clone(), token.clone()))
             .collect()
+    }
+
+    /// Stops a live sandbox's agent from answering (a hung guest): its address refuses connections.
+    pub fn silence(&self, id: &str) {
+        if let Some(fake) = self.sandboxes.lock().unwrap().get(id) {
+            fake.server.abort();
+        }
     }
 
     /// The loopback address a live sandbox answers on.
@@ -421,6 +430,75 @@ impl Runtime for FakeRuntime {
             dir: dest.to_path_buf(),
             size_bytes: 2,
         })
+    }
+
+    fn checkpoint_disk(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        if !self.sandboxes.lock().unwrap().contains_key(id) {
+            return Err(RuntimeError::NotFound(id.to_string()));
+        }
+        let io = |context: &str| {
+            let context = context.to_string();
+            move |source| RuntimeError::Io { context, source }
+        };
+        std::fs::create_dir_all(dest).map_err(io("mkdir"))?;
+        std::fs::write(dest.join("fake-checkpoint"), id).map_err(io("write"))?;
+        let file = warren_runtime::checkpoint::manifest::StoredFile {
+            path: "layer.tar.zst".into(),
+            name: "layer.tar".into(),
+            stored_bytes: 1,
+            raw_bytes: 1,
+            zstd: true,
+            sha256: String::new(),
+        };
+        let manifest = warren_runtime::checkpoint::Manifest {
+            format: warren_runtime::checkpoint::manifest::FORMAT,
+            sandbox_id: id.to_string(),
+            ip: Ipv4Addr::LOCALHOST,
+            criu_version: String::new(),
+            created_at_unix: 0,
+            layers: Vec::new(),
+            images: Vec::new(),
+            layer: file,
+            memory: false,
+        };
+        std::fs::write(dest.join("manifest.json"), manifest.to_json().unwrap())
+            .map_err(io("write"))?;
+        if !leave_running {
+            let removed = self.sandboxes.lock().unwrap().remove(id);
+            if let Some(sandbox) = removed {
+                sandbox.server.abort();
+            }
+        }
+        Ok(CheckpointInfo {
+            dir: dest.to_path_buf(),
+            size_bytes: 1,
+        })
+    }
+
+    fn boot_from_disk(
+        &self,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError> {
+        if self.fail_restore.load(Ordering::SeqCst) {
+            return Err(RuntimeError::failed("fake boot failure".to_string()));
+        }
+        std::fs::read_to_string(checkpoint.join("fake-checkpoint")).map_err(|source| {
+            RuntimeError::Io {
+                context: "read checkpoint".into(),
+                source,
+            }
+        })?;
+        if self.sandboxes.lock().unwrap().contains_key(&spec.id) {
+            return Err(RuntimeError::AlreadyExists(spec.id.clone()));
+        }
+        self.recorded.lock().unwrap().booted.push(spec.clone());
+        self.start(&spec.id)
     }
 
     fn commit_layer(&self, _id: &str, _dest: &Path) -> Result<u64, RuntimeError> {

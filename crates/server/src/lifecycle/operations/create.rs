@@ -14,7 +14,7 @@ use crate::lifecycle::admission::{self, Request, Usage};
 use crate::lifecycle::agent_init::init_agent;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{SandboxRecord, TemplateRecord, TransitionUpdate};
+use crate::store::{PauseKind, SandboxRecord, TemplateRecord, TransitionUpdate};
 
 /// A validated create request.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -24,6 +24,8 @@ pub struct CreateRequest {
     pub template: String,
     pub timeout: Option<i64>,
     pub auto_pause: bool,
+    /// `autoPauseMemory = false`: the auto-pause keeps the files only.
+    pub auto_pause_files_only: bool,
     pub auto_resume: Option<bool>,
     pub secure: bool,
     /// `network.allowPublicTraffic = false`: user ports need the traffic access token.
@@ -56,6 +58,8 @@ pub(crate) struct StartSource {
     pub disk_mib: u64,
     /// Restore this checkpoint (template build, snapshot or fork) instead of starting fresh.
     pub checkpoint: Option<PathBuf>,
+    /// The checkpoint holds files only (a filesystem snapshot): boot fresh processes over them.
+    pub boot_from_disk: bool,
     /// Access token the checkpointed agent still holds, to re-initialise it with.
     pub agent_token: Option<String>,
     pub counts_as_template_spawn: bool,
@@ -123,6 +127,37 @@ fn template_start(config: &ServerConfig, template: &TemplateRecord) -> TemplateS
     }
 }
 
+/// How a sandbox of `template` boots fresh over saved files (a filesystem resume, a reboot, a
+/// filesystem snapshot): what its build grants, the start command to run again (even when the
+/// build's own sandboxes restore a checkpoint that has it running) and the working directory.
+pub(crate) fn boot_plan(
+    config: &ServerConfig,
+    template_id: &str,
+    build_id: &str,
+) -> (
+    Option<crate::templates::builder::versions::BuiltTemplate>,
+    TemplatePrivileges,
+    TemplateDefaults,
+) {
+    let versions = crate::templates::builder::versions::TemplateVersions::new(&config.state_dir);
+    match versions.load(template_id, build_id) {
+        Ok(built) => {
+            let privileges = built.privileges;
+            let defaults = TemplateDefaults {
+                env: built.env.clone(),
+                workdir: (built.workdir != "/").then(|| built.workdir.clone()),
+            };
+            let cold_start = built.start_cmd.is_some().then_some(built);
+            (cold_start, privileges, defaults)
+        }
+        Err(_) => (
+            None,
+            TemplatePrivileges::default(),
+            TemplateDefaults::default(),
+        ),
+    }
+}
+
 impl Lifecycle {
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
@@ -150,6 +185,7 @@ impl Lifecycle {
             memory_mib: source.memory_mib,
             disk_mib: source.disk_mib,
             auto_pause: request.auto_pause,
+            auto_pause_memory: !request.auto_pause_files_only,
             auto_resume: request.auto_resume.unwrap_or(request.auto_pause),
             allow_internet: request.allow_internet,
             envd_access_token: request.secure.then(new_access_token),
@@ -238,6 +274,11 @@ impl Lifecycle {
         spec.syscalls.allow_io_uring = source.privileges.io_uring;
         let checkpoint = source.checkpoint.clone();
         let (action, started) = match checkpoint {
+            Some(dir) if source.boot_from_disk => (
+                "boot",
+                self.on_runtime(move |runtime| runtime.boot_from_disk(&dir, &spec))
+                    .await,
+            ),
             Some(dir) => (
                 "restore",
                 self.on_runtime(move |runtime| runtime.restore(&dir, &spec))
@@ -277,7 +318,10 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
-        if let Err(source) = self.run_template_start(&record, source, &sandbox).await {
+        if let Err(source) = self
+            .run_template_start(&record, source.cold_start.clone(), &sandbox)
+            .await
+        {
             let id = record.id.clone();
             if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
                 tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed start_cmd");
@@ -326,6 +370,7 @@ impl Lifecycle {
                     memory_mib: template.memory_mib,
                     disk_mib: template.disk_mib,
                     checkpoint: start.checkpoint,
+                    boot_from_disk: false,
                     agent_token: None,
                     counts_as_template_spawn: true,
                     cold_start: start.cold_start,
@@ -339,6 +384,9 @@ impl Lifecycle {
                 let Some(snapshot) = snapshot.filter(|s| s.team_id == team_id) else {
                     return Err(LifecycleError::TemplateNotFound(name));
                 };
+                if PauseKind::of_checkpoint(&snapshot.dir) == PauseKind::Filesystem {
+                    return self.files_snapshot_source(snapshot).await;
+                }
                 Ok(StartSource {
                     template_id: snapshot.template_id.clone(),
                     alias: Some(snapshot.id.clone()),
@@ -347,6 +395,7 @@ impl Lifecycle {
                     memory_mib: snapshot.memory_mib,
                     disk_mib: snapshot.disk_mib,
                     checkpoint: Some(snapshot.dir.clone()),
+                    boot_from_disk: false,
                     agent_token: snapshot.envd_access_token.clone(),
                     counts_as_template_spawn: false,
                     cold_start: None,
@@ -357,6 +406,38 @@ impl Lifecycle {
             }
             Err(other) => Err(other),
         }
+    }
+
+    /// A filesystem snapshot: its sandboxes boot fresh over the saved files, running the start command
+    /// of the snapshot's template again as a cold start of that template would.
+    async fn files_snapshot_source(
+        &self,
+        snapshot: crate::store::SnapshotRecord,
+    ) -> Result<StartSource, LifecycleError> {
+        let build_id = self
+            .store
+            .get_template(&snapshot.template_id)
+            .await?
+            .map(|template| template.build_id)
+            .unwrap_or_default();
+        let (cold_start, privileges, defaults) =
+            boot_plan(&self.config, &snapshot.template_id, &build_id);
+        Ok(StartSource {
+            template_id: snapshot.template_id.clone(),
+            alias: Some(snapshot.id.clone()),
+            layers: snapshot.layers.clone(),
+            vcpus: snapshot.vcpus,
+            memory_mib: snapshot.memory_mib,
+            disk_mib: snapshot.disk_mib,
+            checkpoint: Some(snapshot.dir.clone()),
+            boot_from_disk: true,
+            agent_token: None,
+            counts_as_template_spawn: false,
+            cold_start,
+            privileges,
+            policies: Default::default(),
+            defaults,
+        })
     }
 
     /// The ready template `id_or_alias` as team `team_id` sees it: its own or a public one.
@@ -434,14 +515,14 @@ impl Lifecycle {
 
     /// A built template with a start command and no checkpoint: run start_cmd in the new sandbox and
     /// wait for its ready command, as the build's finalize step did.
-    async fn run_template_start(
+    pub(super) async fn run_template_start(
         &self,
         record: &SandboxRecord,
-        source: &StartSource,
+        cold_start: Option<crate::templates::builder::versions::BuiltTemplate>,
         sandbox: &Sandbox,
     ) -> Result<(), crate::templates::builder::instantiate::InstantiateError> {
         use crate::templates::builder::{agent_commands::EnvdCommands, instantiate};
-        let Some(built) = source.cold_start.clone() else {
+        let Some(built) = cold_start else {
             return Ok(());
         };
         let sandbox = sandbox.clone();

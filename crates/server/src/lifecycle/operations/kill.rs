@@ -2,7 +2,7 @@
 
 use warren_runtime::RuntimeError;
 
-use super::{remove_snapshot, Lifecycle, LifecycleError};
+use super::{remove_snapshot, Lifecycle, LifecycleError, PauseMode};
 use crate::lifecycle::now_millis;
 use crate::lifecycle::routes::Route;
 use crate::lifecycle::state::SandboxState;
@@ -33,7 +33,7 @@ impl Lifecycle {
         if let Err(error) = self.collect_logs(record).await {
             tracing::warn!(sandbox = %record.id, %error, "the sandbox's last log lines were not stored");
         }
-        let checkpointed = record.pause_kind == Some(PauseKind::Checkpoint);
+        let checkpointed = record.pause_kind.is_some_and(PauseKind::on_disk);
         if !checkpointed {
             let id = record.id.clone();
             match self.on_runtime(move |runtime| runtime.destroy(&id)).await {
@@ -130,7 +130,12 @@ impl Lifecycle {
         reason: &str,
     ) -> Result<(), LifecycleError> {
         if record.auto_pause {
-            self.pause_locked(record, reason).await.map(drop)
+            let mode = if record.auto_pause_memory {
+                PauseMode::Memory
+            } else {
+                PauseMode::Filesystem
+            };
+            self.pause_locked(record, reason, mode).await.map(drop)
         } else {
             self.kill_locked(record, reason).await
         }

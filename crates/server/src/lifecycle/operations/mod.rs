@@ -15,6 +15,7 @@ mod resume;
 
 pub(crate) use create::StartSource;
 pub use create::{CreateRequest, CreatedSandbox};
+pub use pause::PauseMode;
 pub use resume::ResumeOutcome;
 
 use std::collections::HashMap;
@@ -79,6 +80,11 @@ pub enum LifecycleError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Unsupported(String),
+    /// The guest agent did not answer a health check that the operation requires; nothing changed.
+    #[error(
+        "the guest agent of sandbox {0} is not responding; the sandbox keeps running unchanged"
+    )]
+    GuestUnresponsive(String),
 }
 
 /// Why the proxy cannot reach a sandbox.

@@ -89,6 +89,7 @@ impl Lifecycle {
         let route = |record: &SandboxRecord| {
             record.ip.map(|ip| TrafficRoute {
                 ip,
+                incarnation: record.init_pid.unwrap_or(0),
                 traffic_token: record.traffic_access_token.clone(),
                 ingress: record.ingress.clone(),
             })

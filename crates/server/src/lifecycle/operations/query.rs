@@ -31,7 +31,7 @@ impl Lifecycle {
     /// Latest resource sample of a sandbox; empty when it has no running processes (checkpointed).
     pub async fn stats(&self, id: &str) -> Result<Option<Stats>, LifecycleError> {
         let record = self.live_record(id).await?;
-        if record.pause_kind == Some(PauseKind::Checkpoint) {
+        if record.pause_kind.is_some_and(PauseKind::on_disk) {
             return Ok(None);
         }
         let id = record.id.clone();

@@ -22,6 +22,18 @@ impl Lifecycle {
         id: &str,
         timeout: Option<i64>,
     ) -> Result<(SandboxRecord, ResumeOutcome), LifecycleError> {
+        self.resume_as(id, timeout, false).await
+    }
+
+    /// [`Lifecycle::resume`]; with `reboot` (`memory: false`, the SDK's `on_resume="reboot"`) a
+    /// paused sandbox boots fresh processes over its saved files whatever memory its pause kept. A
+    /// sandbox paused with its files only always resumes that way.
+    pub async fn resume_as(
+        &self,
+        id: &str,
+        timeout: Option<i64>,
+        reboot: bool,
+    ) -> Result<(SandboxRecord, ResumeOutcome), LifecycleError> {
         let timeout = self.timeout_millis(timeout)?;
         let (_held, mut record) = self.lock_live(id).await?;
         let now = now_millis();
@@ -42,7 +54,17 @@ impl Lifecycle {
             }
         }
         let started = std::time::Instant::now();
-        self.resume_locked(&mut record, now + timeout).await?;
+        if reboot {
+            self.transition(
+                &mut record,
+                SandboxState::Resuming,
+                TransitionUpdate::default(),
+            )
+            .await?;
+            self.reboot_locked(&mut record, now + timeout).await?;
+        } else {
+            self.resume_locked(&mut record, now + timeout).await?;
+        }
         self.metrics
             .operation_finished("resume", started.elapsed().as_secs_f64());
         let reap = record
@@ -144,6 +166,7 @@ impl Lifecycle {
                 remove_snapshot(&dir).await;
                 Ok(())
             }
+            Some(PauseKind::Filesystem) => self.reboot_locked(record, end_at).await,
             Some(PauseKind::Freeze) | None => {
                 match self.on_runtime(move |runtime| runtime.thaw(&id)).await {
                     Ok(()) => {
@@ -181,5 +204,149 @@ impl Lifecycle {
                 }
             }
         }
+    }
+
+    /// Boots a paused sandbox afresh over its saved files: from its checkpoint directory (any memory
+    /// in it ignored), or, frozen in memory, after saving its files first. The saved files are only
+    /// read until the sandbox runs; any failure leaves it paused with them. The sandbox is `resuming`.
+    async fn reboot_locked(
+        &self,
+        record: &mut SandboxRecord,
+        end_at: Millis,
+    ) -> Result<(), LifecycleError> {
+        let dir = match (record.pause_kind, record.snapshot_dir.clone()) {
+            (Some(kind), Some(dir)) if kind.on_disk() => dir,
+            (Some(kind), _) if kind.on_disk() => {
+                self.fail(record, "checkpoint directory missing".to_string())
+                    .await;
+                return Err(LifecycleError::Conflict(format!(
+                    "sandbox {} has no saved files to boot from",
+                    record.id
+                )));
+            }
+            // Frozen in memory: its files are saved (the frozen tree ends), then booted.
+            _ => {
+                let dir = self.config.snapshots_dir().join(&record.id);
+                let (id, dest) = (record.id.clone(), dir.clone());
+                if let Err(source) = self
+                    .on_runtime(move |runtime| runtime.checkpoint_disk(&id, &dest, false))
+                    .await
+                {
+                    remove_snapshot(&dir).await;
+                    self.transition(
+                        record,
+                        SandboxState::Paused,
+                        TransitionUpdate {
+                            reason: Some(format!("saving the files to reboot failed: {source}")),
+                            ..TransitionUpdate::default()
+                        },
+                    )
+                    .await?;
+                    return Err(LifecycleError::Runtime {
+                        action: "save the files of",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
+                self.transition(
+                    record,
+                    SandboxState::Paused,
+                    TransitionUpdate {
+                        reason: Some("files saved for a reboot".to_string()),
+                        ip: Some(None),
+                        init_pid: Some(None),
+                        pause_kind: Some(Some(PauseKind::Filesystem)),
+                        snapshot_dir: Some(Some(dir.clone())),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+                self.transition(record, SandboxState::Resuming, TransitionUpdate::default())
+                    .await?;
+                dir
+            }
+        };
+        let back_to_paused = |reason: String| TransitionUpdate {
+            reason: Some(reason),
+            ..TransitionUpdate::default()
+        };
+        let template = match self.store.get_template(&record.template_id).await? {
+            Some(template) => template,
+            None => {
+                self.fail(record, "template gone".to_string()).await;
+                return Err(LifecycleError::TemplateNotFound(record.template_id.clone()));
+            }
+        };
+        // The layers the files were saved over (a rebuild since moved the template on); an
+        // unreadable manifest is the runtime's to refuse.
+        let layers = warren_runtime::checkpoint::Manifest::read(&dir)
+            .map_or_else(|_| template.layers.clone(), |m| m.layers);
+        let (cold_start, privileges, defaults) =
+            super::create::boot_plan(&self.config, &template.id, &template.build_id);
+        let mut spec = self.spec_with_layers(record, layers);
+        spec.network.raw_sockets = privileges.raw_sockets;
+        spec.syscalls.allow_io_uring = privileges.io_uring;
+        let checkpoint = dir.clone();
+        let booted = self
+            .on_runtime(move |runtime| runtime.boot_from_disk(&checkpoint, &spec))
+            .await;
+        let sandbox = match booted {
+            Ok(sandbox) => sandbox,
+            Err(source) => {
+                self.transition(
+                    record,
+                    SandboxState::Paused,
+                    back_to_paused(format!("boot from the saved files failed: {source}")),
+                )
+                .await?;
+                return Err(LifecycleError::Runtime {
+                    action: "boot",
+                    id: record.id.clone(),
+                    source,
+                });
+            }
+        };
+        let started = match self
+            .init_agent_at(record, sandbox.agent_addr(), None, defaults.workdir)
+            .await
+        {
+            Ok(()) => self
+                .run_template_start(record, cold_start, &sandbox)
+                .await
+                .map_err(|source| LifecycleError::TemplateStart {
+                    id: record.id.clone(),
+                    source,
+                }),
+            Err(error) => Err(error),
+        };
+        if let Err(error) = started {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed boot");
+            }
+            self.transition(
+                record,
+                SandboxState::Paused,
+                back_to_paused(format!("boot from the saved files failed: {error}")),
+            )
+            .await?;
+            return Err(error);
+        }
+        self.transition(
+            record,
+            SandboxState::Running,
+            TransitionUpdate {
+                reason: Some("booted fresh over its saved files".to_string()),
+                ip: Some(Some(sandbox.ip)),
+                init_pid: Some(Some(sandbox.init_pid)),
+                pause_kind: Some(None),
+                snapshot_dir: Some(None),
+                end_at: Some(end_at),
+            },
+        )
+        .await?;
+        // Superseded by the running sandbox (a later pause saves it again).
+        remove_snapshot(&dir).await;
+        Ok(())
     }
 }
