@@ -77,6 +77,18 @@ pub(crate) fn is_supervisor_of(args: &[&[u8]], sandbox_dir: &Path) -> bool {
     is_supervisor && (building || waiting)
 }
 
+/// Whether process `pid` is a supervisor of the sandbox in `sandbox_dir` (of our PID namespace).
+pub fn is_supervisor(pid: u32, sandbox_dir: &Path) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let args: Vec<&[u8]> = cmdline
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .collect();
+    is_supervisor_of(&args, sandbox_dir) && in_our_pid_namespace(pid)
+}
+
 /// CRIU dumps of the tree whose init is `init_pid` still running on this host.
 pub fn dumps_of(init_pid: u32) -> Vec<u32> {
     processes_where(|args| is_dump_of(args, init_pid))

@@ -443,6 +443,35 @@ impl LinuxRuntime {
     }
 
     /// Removes everything of sandbox `id` that exists, in reverse order of creation. Idempotent.
+    /// A running sandbox whose supervisor is gone (killed from outside) gets a new one, so that its
+    /// dead man's switch holds again; returns the record as it is now. A failure is logged and the
+    /// sandbox is left as it is: it still runs, and the next pass tries again.
+    fn keep_supervised(&self, mut record: SandboxRecord, dir: &Path) -> SandboxRecord {
+        if crash_recovery::is_supervisor(record.supervisor_pid, dir) {
+            return record;
+        }
+        // One that is still building the sandbox (a restore) counts too.
+        if let Some(pid) = crash_recovery::supervisors_of(dir).first() {
+            record.supervisor_pid = *pid;
+            return record;
+        }
+        let log = dir.join("supervisor.log");
+        match crate::supervisor::adopt_running(&self.supervisor_binary, record.init_pid, dir, &log)
+        {
+            Ok(pid) => {
+                tracing::warn!(sandbox = %record.id, old = record.supervisor_pid, new = pid, "the sandbox's supervisor was gone; a new one watches it");
+                record.supervisor_pid = pid;
+                if let Err(error) = record.write(dir) {
+                    tracing::warn!(sandbox = %record.id, %error, "cannot record the new supervisor");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(sandbox = %record.id, %error, "cannot start a new supervisor for the sandbox");
+            }
+        }
+        record
+    }
+
     /// Makes the new sandbox's directory and starts it; on failure whatever was made goes again.
     fn start_new(&self, spec: &SandboxSpec, start: Start<'_>) -> Result<Sandbox, RuntimeError> {
         let dir = self.sandbox_dir(&spec.id);
@@ -918,7 +947,10 @@ impl Runtime for LinuxRuntime {
             }
             let dir = self.sandbox_dir(&id);
             match SandboxRecord::read(&dir) {
-                Ok(Some(record)) if record.init_alive() => sandboxes.push(self.sandbox_of(&record)),
+                Ok(Some(record)) if record.init_alive() => {
+                    let record = self.keep_supervised(record, &dir);
+                    sandboxes.push(self.sandbox_of(&record));
+                }
                 Ok(None)
                     if dir
                         .metadata()
@@ -954,6 +986,7 @@ impl Runtime for LinuxRuntime {
                         let host = network::veth_name("wv", record.ip);
                         network::set_host_link(&host, true)
                             .map_err(internal(format!("bring {host} up after a restart")))?;
+                        let record = self.keep_supervised(record, &dir);
                         sandboxes.push(self.sandbox_of(&record));
                         continue;
                     }

@@ -120,3 +120,71 @@ fn a_sandbox_whose_deadline_file_vanished_ends_at_the_last_deadline_read() {
         "the sandbox outlived its last lease once the deadline file was gone"
     );
 }
+
+/// A supervisor killed from outside (SIGKILL): the sandbox runs on, and the next look at the host
+/// (`list`, which the server's sweep calls every few seconds) gives it a new supervisor, recorded in
+/// its state, whose dead man's switch ends it when its deadline passes. Without that, the sandbox
+/// would run on unsupervised, outliving every deadline and holding its disk after the server stops.
+#[test]
+fn a_killed_supervisor_is_replaced_and_the_switch_holds_again() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = common::runtime("deadsup");
+    let sandbox = runtime
+        .create(&common::spec("wt-deadsup", vec![base], common::resources()))
+        .expect("create");
+    let dir = runtime.sandbox_dir(&sandbox.id);
+    let record = warren_runtime::sandbox_state::SandboxRecord::read(&dir)
+        .unwrap()
+        .expect("a state record");
+    let old = record.supervisor_pid;
+    assert!(alive(old));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let started = Instant::now();
+    while alive(old) && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(old), "the supervisor did not die");
+    assert_eq!(common::exec(&sandbox, "echo alive").0, "alive\n");
+
+    let listed = runtime.list().expect("list");
+    assert!(listed.iter().any(|s| s.id == sandbox.id));
+    let record = warren_runtime::sandbox_state::SandboxRecord::read(&dir)
+        .unwrap()
+        .expect("a state record");
+    let new = record.supervisor_pid;
+    assert_ne!(new, old);
+    assert!(alive(new), "no new supervisor");
+    assert!(warren_runtime::crash_recovery::is_supervisor(new, &dir));
+    // A second pass leaves the new one alone.
+    runtime.list().expect("list");
+    assert_eq!(
+        warren_runtime::sandbox_state::SandboxRecord::read(&dir)
+            .unwrap()
+            .unwrap()
+            .supervisor_pid,
+        new
+    );
+
+    runtime.renew(&sandbox.id, now_ms() + 500).expect("renew");
+    let started = Instant::now();
+    while alive(sandbox.init_pid) && started.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        !alive(sandbox.init_pid),
+        "the new supervisor did not end the sandbox at its deadline"
+    );
+    let started = Instant::now();
+    while alive(new) && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(new), "the new supervisor outlived its sandbox");
+    runtime.destroy(&sandbox.id).ok();
+    assert!(!dir.exists(), "the sandbox's directory is gone");
+}

@@ -1,11 +1,14 @@
 //! `warren-supervisor run <config.json> --status-fd <fd>`: builds one sandbox and supervises its init.
 //! Started by warren-runtime's `LinuxRuntime::create`; not meant to be run by hand. Once the sandbox
 //! is up, the supervisor re-executes itself as `warren-supervisor wait <init-pid> <sandbox-dir>`,
-//! a small image that only waits for the init and records how it ended.
+//! a small image that only waits for the init and records how it ended. When that process dies
+//! (killed from outside), `warren-supervisor adopt <init-pid> <sandbox-dir>` starts a detached `wait`
+//! for the running init again and prints its pid: the sandbox gets its dead man's switch back.
 
 use std::path::{Path, PathBuf};
 
-const USAGE: &str = "usage: warren-supervisor run <config.json> --status-fd <fd>";
+const USAGE: &str =
+    "usage: warren-supervisor run <config.json> --status-fd <fd> | adopt <init-pid> <sandbox-dir>";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -20,6 +23,10 @@ fn main() {
         }
         [_, wait, pid, dir] if wait == "wait" => match pid.parse::<u32>() {
             Ok(pid) if pid > 1 => warren_runtime::supervisor::wait_and_record(pid, Path::new(dir)),
+            _ => usage(),
+        },
+        [_, adopt, pid, dir] if adopt == "adopt" => match pid.parse::<u32>() {
+            Ok(pid) if pid > 1 => warren_runtime::supervisor::adopt(pid, Path::new(dir)),
             _ => usage(),
         },
         _ => usage(),

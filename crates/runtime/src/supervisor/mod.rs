@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use run::{run_supervisor, wait_and_record};
+pub use run::{adopt, run_supervisor, wait_and_record};
 
 use crate::network::NetworkPlan;
 
@@ -126,6 +126,42 @@ impl SupervisorConfig {
 pub struct Launched {
     pub init_pid: u32,
     pub supervisor_pid: u32,
+}
+
+/// Starts a new supervisor (`warren-supervisor adopt`) for the running init `init_pid` of the sandbox
+/// in `sandbox_dir`, whose own supervisor is gone; returns the new one's pid.
+pub fn adopt_running(
+    binary: &Path,
+    init_pid: u32,
+    sandbox_dir: &Path,
+    log: &Path,
+) -> Result<u32, SupervisorError> {
+    let spawn_error = |source| SupervisorError::Spawn {
+        binary: binary.to_path_buf(),
+        source,
+    };
+    let log_file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|source| SupervisorError::Config {
+            path: log.to_path_buf(),
+            source,
+        })?;
+    let output = Command::new(binary)
+        .arg("adopt")
+        .arg(init_pid.to_string())
+        .arg(sandbox_dir)
+        .stdin(Stdio::null())
+        .stderr(log_file)
+        .current_dir("/")
+        .output()
+        .map_err(spawn_error)?;
+    let answer = String::from_utf8_lossy(&output.stdout).trim().to_string();
+    match answer.parse::<u32>() {
+        Ok(pid) if output.status.success() && pid > 1 => Ok(pid),
+        _ => Err(SupervisorError::BadAnswer(answer)),
+    }
 }
 
 /// Starts the supervisor for `config_path` and waits for its report.

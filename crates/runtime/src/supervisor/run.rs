@@ -230,6 +230,34 @@ fn set_sandbox_sysctls() -> Result<(), String> {
     }
 }
 
+/// Body of `warren-supervisor adopt <init-pid> <sandbox-dir>`: starts a detached waiter for a running
+/// init whose supervisor died (new session, reparented to the host's init, so it is nobody's zombie)
+/// and prints its pid on stdout. The init is not the new waiter's child: it still ends the sandbox at
+/// its deadline and notices its end through the pidfd, but records the exit code as unknown (-1).
+pub fn adopt(init_pid: u32, sandbox_dir: &Path) -> i32 {
+    // SAFETY: the supervisor binary is single-threaded here, so the child may do anything after fork.
+    match unsafe { fork() } {
+        Ok(ForkResult::Parent { child }) => {
+            println!("{child}");
+            0
+        }
+        Ok(ForkResult::Child) => {
+            let _ = nix::unistd::setsid();
+            // Stdout is the pipe the caller reads the pid from: the waiter must not hold it open.
+            if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+                // SAFETY: dup2 onto fd 1 of this process; `null` stays owned and is closed after.
+                unsafe { libc::dup2(null.as_raw_fd(), libc::STDOUT_FILENO) };
+            }
+            exec_waiter(init_pid, sandbox_dir);
+            wait_and_record(init_pid, sandbox_dir)
+        }
+        Err(e) => {
+            eprintln!("fork the waiter: {e}");
+            1
+        }
+    }
+}
+
 /// Re-executes this binary as `warren-supervisor wait <init-pid> <sandbox-dir>`. Returns only when
 /// the exec failed, in which case the caller waits in this image instead.
 fn exec_waiter(init_pid: u32, sandbox_dir: &Path) {
