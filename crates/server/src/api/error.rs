@@ -40,14 +40,58 @@ impl ApiError {
     }
 
     /// Log `error` with its causes under a fresh ID and answer a plain 500 naming only the ID.
+    /// An error that is not the client's: a plain 500 with an error id (the cause chain goes to the
+    /// log only), unless a full state disk caused it, which is 507 (the operator can fix that, and
+    /// the client may retry).
     pub fn internal(error: &(dyn std::error::Error + 'static)) -> Self {
         let id = log_with_id(error);
+        if full_disk_in_chain(error) {
+            return ApiError {
+                status: StatusCode::INSUFFICIENT_STORAGE,
+                message: format!(
+                    "the server's state disk is full, so the change could not be stored; retry \
+                     once space is freed (error id {id})"
+                ),
+                error_code: Some("insufficient_storage"),
+            };
+        }
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: format!("internal server error (error id {id})"),
             error_code: Some("internal_server_error"),
         }
     }
+}
+
+/// Whether a full disk or quota (the store's `SQLITE_FULL`, ENOSPC, EDQUOT) is anywhere in the
+/// cause chain of `error`. `#[error(transparent)]` wrappers hand on their inner error's source, so
+/// each level is checked for the store's, SQLx's and the OS's way of saying it.
+fn full_disk_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(store) = error.downcast_ref::<StoreError>() {
+            if store.disk_full() {
+                return true;
+            }
+        }
+        if let Some(sqlx::Error::Database(db)) = error.downcast_ref::<sqlx::Error>() {
+            if db.code().as_deref() == Some("13") {
+                return true;
+            }
+        }
+        if let Some(io) = error.downcast_ref::<std::io::Error>() {
+            if matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+                || matches!(
+                    io.kind(),
+                    std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+                )
+            {
+                return true;
+            }
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Logs `error` with its cause chain under a fresh error id, and returns the id.
@@ -194,6 +238,45 @@ mod tests {
             id: "sbx1".into(),
             source,
         })
+    }
+
+    #[test]
+    fn a_full_state_disk_is_507_wherever_it_is_in_the_chain() {
+        let enospc = || std::io::Error::from_raw_os_error(libc::ENOSPC);
+        let store = StoreError::StateDir {
+            path: "/state".into(),
+            source: enospc(),
+        };
+        assert!(store.disk_full());
+        assert_eq!(
+            ApiError::from(store).status,
+            StatusCode::INSUFFICIENT_STORAGE
+        );
+        // Wrapped twice, as a build's error wraps the store's.
+        #[derive(Debug, thiserror::Error)]
+        #[error(transparent)]
+        struct Wrapper(#[from] StoreError);
+        let wrapped = Wrapper(StoreError::StateDir {
+            path: "/state".into(),
+            source: enospc(),
+        });
+        let answer = ApiError::internal(&wrapped);
+        assert_eq!(answer.status, StatusCode::INSUFFICIENT_STORAGE);
+        assert!(
+            answer.message.contains("state disk is full"),
+            "{}",
+            answer.message
+        );
+        assert_eq!(answer.error_code, Some("insufficient_storage"));
+        let other = StoreError::StateDir {
+            path: "/state".into(),
+            source: std::io::Error::from_raw_os_error(libc::EACCES),
+        };
+        assert!(!other.disk_full());
+        assert_eq!(
+            ApiError::from(other).status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
 
     #[test]

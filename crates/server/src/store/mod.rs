@@ -84,6 +84,26 @@ pub enum StoreError {
     },
 }
 
+impl StoreError {
+    /// Whether the store could not write because the state disk is full (SQLite's `SQLITE_FULL`,
+    /// or ENOSPC/EDQUOT from the file system): the operator's problem to fix, not a bug.
+    pub fn disk_full(&self) -> bool {
+        let io_full = |io: &std::io::Error| {
+            matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) || matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+        };
+        match self {
+            // SQLITE_FULL is primary result code 13; it has no extended variants.
+            StoreError::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("13"),
+            StoreError::Database(sqlx::Error::Io(io)) => io_full(io),
+            StoreError::StateDir { source, .. } => io_full(source),
+            _ => false,
+        }
+    }
+}
+
 /// A stored API key (never the secret itself).
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiKeyRecord {
