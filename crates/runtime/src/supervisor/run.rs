@@ -298,9 +298,10 @@ fn wait_within_deadline(init_pid: u32, sandbox_dir: &Path) -> i32 {
     // SAFETY: pidfd_open returned a new descriptor that nothing else owns.
     let pidfd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) };
     let mut ended = false;
-    // The last deadline read: a deadline file that goes away (the state directory removed under a
-    // stopped server) or cannot be read leaves the lease it last gave in force, never none at all.
-    let mut last_deadline = None;
+    // The lease of the last deadline read: a deadline file that goes away (the state directory
+    // removed under a stopped server) or cannot be read leaves the lease it last gave in force,
+    // never none at all.
+    let mut lease: Option<super::deadline::Lease> = None;
     loop {
         let mut poll = libc::pollfd {
             fd: pidfd.as_raw_fd(),
@@ -315,14 +316,19 @@ fn wait_within_deadline(init_pid: u32, sandbox_dir: &Path) -> i32 {
         if ended {
             continue;
         }
+        let boot_ms = super::deadline::boot_clock_ms();
         if let Some(read) = super::deadline::read(sandbox_dir) {
-            last_deadline = Some(read);
+            let wall_ms = crate::sandbox_state::now_unix_ms();
+            lease = Some(match lease {
+                Some(held) => held.reread(read, wall_ms, boot_ms),
+                None => super::deadline::Lease::seen(read, wall_ms, boot_ms),
+            });
         }
-        let Some(deadline) = last_deadline else {
+        let Some(held) = lease else {
             continue;
         };
-        if crate::sandbox_state::now_unix_ms() > deadline {
-            eprintln!("deadline {deadline} passed without renewal: ending the sandbox");
+        if held.expired(boot_ms) {
+            eprintln!("the lease of {held:?} ran out without renewal: ending the sandbox");
             let _ = std::fs::write(
                 sandbox_dir.join(super::deadline::EXPIRED_FILE),
                 format!("{}\n", crate::sandbox_state::now_unix_ms()),
