@@ -159,6 +159,17 @@ impl Server {
                 "failed template builds an earlier run left unfinished"
             );
         }
+        // Their half-written layers went with the killed process, never renamed into the cache.
+        let layers = templates::builder::layers::LayerStore::new(&config.state_dir);
+        match layers.remove_unfinished() {
+            Ok(0) => {}
+            Ok(removed) => {
+                tracing::info!(removed, "removed layers an earlier run left half-written")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "cannot remove layers an earlier run left half-written")
+            }
+        }
         let build_service = Arc::new(templates::builder::service::BuildService::new(
             Arc::clone(&runtime),
             Arc::new(templates::builder::agent_commands::EnvdCommands::new()),

@@ -122,6 +122,30 @@ impl LayerStore {
         }
     }
 
+    /// Removes the temp directories of layers that were being written when an earlier server process
+    /// died (a SIGKILL skips [`PendingLayer`]'s drop). Only safe before this process starts builds:
+    /// the server calls it at start, as the one server of its state directory. Returns how many.
+    pub fn remove_unfinished(&self) -> Result<usize, LayerError> {
+        let entries = match fs::read_dir(&self.root) {
+            Ok(entries) => entries,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(0),
+            Err(e) => return Err(io_err(format!("reading {}", self.root.display()))(e)),
+        };
+        let mut removed = 0;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let is_pending = name.to_str().is_some_and(|name| name.starts_with(".tmp-"));
+            // Never follow a link: only real directories of ours are removed.
+            let is_dir = entry.file_type().is_ok_and(|kind| kind.is_dir());
+            if is_pending && is_dir {
+                fs::remove_dir_all(entry.path())
+                    .map_err(io_err(format!("removing {}", entry.path().display())))?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
     /// Starts writing layer `key` in a private temp directory.
     pub fn begin(&self, key: &str) -> Result<PendingLayer, LayerError> {
         fs::create_dir_all(&self.root)
@@ -724,6 +748,34 @@ mod tests {
         fs::create_dir_all(root.join("usr/bin")).unwrap();
         symlink("usr/bin", root.join("bin")).unwrap();
         dir
+    }
+
+    #[test]
+    fn unfinished_layers_of_a_dead_process_are_removed_and_nothing_else() {
+        let state = tempfile::tempdir().unwrap();
+        let store = LayerStore::new(state.path());
+        assert_eq!(store.remove_unfinished().unwrap(), 0, "no layers dir yet");
+        let done = store.begin("done").unwrap();
+        fs::write(done.create_fs_dir().unwrap().join("f"), "kept").unwrap();
+        store.commit(done, "done").unwrap();
+        // What a SIGKILL leaves: a pending dir whose drop never ran.
+        let left = store.begin("left").unwrap();
+        fs::write(left.create_fs_dir().unwrap().join("f"), "half").unwrap();
+        let left_dir = left.dir.clone();
+        std::mem::forget(left);
+        // A link named like one must not be followed out of the store.
+        let outside = tempfile::tempdir().unwrap();
+        fs::write(outside.path().join("precious"), "x").unwrap();
+        symlink(outside.path(), store.root().join(".tmp-link")).unwrap();
+
+        assert_eq!(store.remove_unfinished().unwrap(), 1);
+        assert!(!left_dir.exists());
+        assert!(outside.path().join("precious").exists());
+        assert!(store.lookup("done").unwrap().is_some());
+        assert_eq!(
+            fs::read_to_string(store.fs_dir("done").join("f")).unwrap(),
+            "kept"
+        );
     }
 
     #[test]
