@@ -137,29 +137,45 @@ class Warren:
     def sandbox_url(self) -> str:
         return f"http://127.0.0.1:{self.proxy_port}"
 
+    def _command(self) -> list[str]:
+        return [
+            str(warren_binary()),
+            "up",
+            "--listen",
+            f"127.0.0.1:{self.api_port}",
+            "--proxy-listen",
+            f"127.0.0.1:{self.proxy_port}",
+            "--state-dir",
+            str(self.state_dir),
+            "--agent",
+            str(agent_binary()),
+            "--base-rootfs",
+            str(base_rootfs()),
+            # The crash checks count the sandboxes and links Warren holds: no built-in template
+            # build running beside them at start.
+            "--no-code-interpreter",
+        ]
+
+    def start_and_sigkill(self, delay: float) -> None:
+        """Starts `warren up` and SIGKILLs it `delay` seconds later, whatever it was doing (its start-up
+        reconciliation, for a short delay)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+        with open(self.log_path, "a") as log:
+            log.write(f"\n==== start {self.starts + 1} (killed after {delay:.3f} s)\n")
+            log.flush()
+            process = subprocess.Popen(self._command(), stdout=subprocess.DEVNULL, stderr=log, env=env)
+        self.starts += 1
+        time.sleep(delay)
+        process.kill()
+        process.wait()
+
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
         log = open(self.log_path, "a")
         log.write(f"\n==== start {self.starts + 1}\n")
         log.flush()
         self.process = subprocess.Popen(
-            [
-                str(warren_binary()),
-                "up",
-                "--listen",
-                f"127.0.0.1:{self.api_port}",
-                "--proxy-listen",
-                f"127.0.0.1:{self.proxy_port}",
-                "--state-dir",
-                str(self.state_dir),
-                "--agent",
-                str(agent_binary()),
-                "--base-rootfs",
-                str(base_rootfs()),
-                # The crash checks count the sandboxes and links Warren holds: no built-in template
-                # build running beside them at start.
-                "--no-code-interpreter",
-            ],
+            self._command(),
             stdout=subprocess.PIPE,
             stderr=log,
             text=True,
