@@ -63,6 +63,9 @@ impl Lifecycle {
         record: &mut SandboxRecord,
         end_at: Millis,
     ) -> Result<(), LifecycleError> {
+        // Before the transition: a secret its rules use may have been deleted while it was paused,
+        // and then it stays paused.
+        let network = self.resolved_network_spec(record).await?;
         self.transition(record, SandboxState::Resuming, TransitionUpdate::default())
             .await?;
         let id = record.id.clone();
@@ -85,7 +88,7 @@ impl Lifecycle {
                 // The layers the checkpoint was taken over: a rebuild since moved the template on.
                 let layers = warren_runtime::checkpoint::Manifest::read(&dir)
                     .map_or_else(|_| template.layers.clone(), |m| m.layers);
-                let spec = self.spec_with_layers(record, layers);
+                let spec = self.spec_with_layers(record, layers, network);
                 let checkpoint = dir.clone();
                 let restored = self
                     .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
