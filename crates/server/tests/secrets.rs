@@ -412,6 +412,36 @@ async fn placeholders_become_values_only_on_the_way_to_the_agent_and_the_egress_
     assert_eq!(inits.last().unwrap().0["envVars"]["K"], json!(VALUE2));
     assert_eq!(header(&h), format!("Bearer {VALUE2}"));
 
+    // A fork gets the current value too, in its environment and its rules.
+    let forked = h
+        .api(
+            Method::POST,
+            &format!("/sandboxes/{id}/fork"),
+            Some(json!({"count": 1, "timeout": 60})),
+        )
+        .await;
+    assert_eq!(forked.status, StatusCode::CREATED, "{}", text(&forked));
+    assert_no_value(&forked);
+    let fork_id = forked.json()[0]["sandbox"]["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let inits = h.runtime.inits_of(&fork_id);
+    assert_eq!(inits.last().unwrap().0["envVars"]["K"], json!(VALUE2));
+    let restored = h
+        .runtime
+        .recorded
+        .lock()
+        .unwrap()
+        .restored
+        .last()
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        restored.network.egress.header_rules[0].headers[0].1,
+        format!("Bearer {VALUE2}")
+    );
+
     // Deleted while paused: the resume is refused naming the placeholder, and it stays paused.
     let paused = h
         .api(Method::POST, &format!("/sandboxes/{id}/pause"), None)
