@@ -204,6 +204,11 @@ pub struct UpArgs {
         value_delimiter = ','
     )]
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// The 32-byte key (raw, or 64 hex digits) stored secrets are sealed with. Default:
+    /// <state-dir>/secrets.key, made (mode 0600) at first start. Back it up with the database:
+    /// without it stored secrets cannot be read (docs/secrets.md).
+    #[arg(long = "secrets-key-file", env = "WARREN_SECRETS_KEY_FILE")]
+    pub secrets_key_file: Option<PathBuf>,
     /// Seconds a template build may take before it is stopped (its sandbox destroyed) and fails
     /// naming the step it was in.
     #[arg(long, env = "WARREN_BUILD_TIMEOUT_SECS", default_value_t = 3600)]

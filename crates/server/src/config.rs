@@ -65,6 +65,9 @@ pub struct ServerConfig {
     /// Serve the API and the proxy over HTTPS with this certificate (`None`: plain HTTP). The proxy
     /// then also answers as `api.<domain>` (E2B_DOMAIN mode, docs/tls.md).
     pub tls: Option<crate::tls::TlsSource>,
+    /// The 32-byte key stored secrets are sealed with (`None`: `<state_dir>/secrets.key`, made at
+    /// first start; docs/secrets.md).
+    pub secrets_key_file: Option<PathBuf>,
 }
 
 /// What the monitor samples and how it treats runaway processes (docs/operations.md).
@@ -225,6 +228,7 @@ impl ServerConfig {
             egress_upstream_ca: Vec::new(),
             build_timeout: Duration::from_secs(3600),
             tls: None,
+            secrets_key_file: None,
         }
     }
 

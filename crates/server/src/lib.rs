@@ -12,6 +12,7 @@ pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod runtime_host;
+pub mod secrets;
 pub mod state_lock;
 pub mod store;
 pub mod templates;

@@ -114,6 +114,7 @@ fn server_config(
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
     config.egress_upstream_ca = args.egress_upstream_ca.clone();
+    config.secrets_key_file = args.secrets_key_file.clone();
     config.build_timeout = std::time::Duration::from_secs(args.build_timeout_secs.max(1));
     config.webhook_retry_interval = std::time::Duration::from_secs(args.webhook_retry_secs);
     config.monitor = warren_server::config::MonitorConfig {

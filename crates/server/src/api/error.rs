@@ -161,6 +161,12 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::Runtime { action, id, source } => {
                 runtime_failure(action, id, source, &error)
             }
+            // Names the secret and the key problem, never a value.
+            LifecycleError::Secrets(secrets) => ApiError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                message: secrets.to_string(),
+                error_code: Some("secrets_unavailable"),
+            },
             LifecycleError::AgentInit { .. }
             | LifecycleError::TemplateStart { .. }
             | LifecycleError::Store(_) => ApiError::internal(&error),

@@ -8,6 +8,7 @@ pub mod extract;
 mod meta;
 mod paging;
 mod sandboxes;
+mod secrets;
 mod snapshots;
 mod teams;
 mod templates;
@@ -34,6 +35,7 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(sandboxes::router())
+        .merge(secrets::router())
         .merge(events::router())
         .merge(webhooks::router())
         .merge(snapshots::router())

@@ -19,7 +19,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub use idempotency::IdempotencyKey;
 pub use operations::{
     CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, PauseMode, ResumeOutcome,
-    RouteError,
+    RouteError, SecretChange,
 };
 pub use routes::TrafficRoute;
 pub use snapshots::{ForkOutcome, GcReport, MAX_FORKS};

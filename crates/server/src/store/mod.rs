@@ -6,6 +6,7 @@
 pub mod sqlite;
 mod sqlite_logs;
 mod sqlite_metrics;
+mod sqlite_secrets;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
 mod sqlite_workspaces;
@@ -762,6 +763,47 @@ pub trait Store: Send + Sync {
     async fn last_sandbox_log_seq(&self, id: &str) -> Result<Option<i64>, StoreError>;
     /// Deletes lines recorded before `before`; returns how many.
     async fn prune_sandbox_logs(&self, before: Millis) -> Result<u64, StoreError>;
+
+    // Secrets (values sealed by the caller)
+    /// False when the team already has a secret of that name.
+    async fn insert_secret(&self, secret: &SecretRecord) -> Result<bool, StoreError>;
+    /// Team `team_id`'s secret with this id, or else this name (matched lower-cased).
+    async fn get_secret(
+        &self,
+        team_id: &str,
+        id_or_name: &str,
+    ) -> Result<Option<SecretRecord>, StoreError>;
+    /// A team's secrets, oldest first, after `(created_at, id)` when given.
+    async fn list_secrets(
+        &self,
+        team_id: &str,
+        after: Option<(Millis, String)>,
+        limit: u32,
+    ) -> Result<Vec<SecretRecord>, StoreError>;
+    /// Stores `secret`'s new version, value and metadata if its row is still at
+    /// `expected_version`; false otherwise.
+    async fn update_secret(
+        &self,
+        secret: &SecretRecord,
+        expected_version: i64,
+    ) -> Result<bool, StoreError>;
+    /// Returns whether a row was deleted.
+    async fn delete_secret(&self, team_id: &str, id: &str) -> Result<bool, StoreError>;
+}
+
+/// A stored secret: its value only sealed with the operator's key (see `crate::secrets`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SecretRecord {
+    pub id: String,
+    pub team_id: String,
+    /// Lower-cased.
+    pub name: String,
+    /// Version of the value, from 1; the sealed value is bound to it.
+    pub version: i64,
+    pub sealed: crate::secrets::Sealed,
+    pub metadata: BTreeMap<String, String>,
+    pub created_at: Millis,
+    pub updated_at: Millis,
 }
 
 /// What [`Store::claim_idempotency_key`] found.

@@ -14,11 +14,12 @@ use sqlx::sqlite::{
 use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
-    sqlite_logs, sqlite_metrics, sqlite_snapshots, sqlite_template_builds, sqlite_workspaces,
-    ApiKeyRecord, BuildRecord, BuildSandboxEvent, ChecksumStatus, EventQuery, IdempotencyClaim,
-    LifecycleEvent, LogQuery, MetricSample, Millis, PauseKind, SandboxEvent, SandboxFilter,
-    SandboxLogLine, SandboxRecord, SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord,
-    TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord, WorkspaceMove, WorkspaceRecord,
+    sqlite_logs, sqlite_metrics, sqlite_secrets, sqlite_snapshots, sqlite_template_builds,
+    sqlite_workspaces, ApiKeyRecord, BuildRecord, BuildSandboxEvent, ChecksumStatus, EventQuery,
+    IdempotencyClaim, LifecycleEvent, LogQuery, MetricSample, Millis, PauseKind, SandboxEvent,
+    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, SnapshotFilter, SnapshotRecord,
+    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord,
+    WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy};
@@ -547,6 +548,39 @@ impl Store for SqliteStore {
 
     async fn prune_sandbox_logs(&self, before: Millis) -> Result<u64, StoreError> {
         sqlite_logs::prune(&self.pool, before).await
+    }
+
+    async fn insert_secret(&self, secret: &SecretRecord) -> Result<bool, StoreError> {
+        sqlite_secrets::insert(&self.pool, secret).await
+    }
+
+    async fn get_secret(
+        &self,
+        team_id: &str,
+        id_or_name: &str,
+    ) -> Result<Option<SecretRecord>, StoreError> {
+        sqlite_secrets::get(&self.pool, team_id, id_or_name).await
+    }
+
+    async fn list_secrets(
+        &self,
+        team_id: &str,
+        after: Option<(Millis, String)>,
+        limit: u32,
+    ) -> Result<Vec<SecretRecord>, StoreError> {
+        sqlite_secrets::list(&self.pool, team_id, after, limit).await
+    }
+
+    async fn update_secret(
+        &self,
+        secret: &SecretRecord,
+        expected_version: i64,
+    ) -> Result<bool, StoreError> {
+        sqlite_secrets::update(&self.pool, secret, expected_version).await
+    }
+
+    async fn delete_secret(&self, team_id: &str, id: &str) -> Result<bool, StoreError> {
+        sqlite_secrets::delete(&self.pool, team_id, id).await
     }
 
     async fn insert_team(&self, team: &TeamRecord) -> Result<(), StoreError> {

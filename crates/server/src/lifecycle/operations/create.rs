@@ -202,6 +202,8 @@ impl Lifecycle {
             updated_at: now,
         };
         self.check_egress(&record.id, &record.egress).await?;
+        self.check_placeholders(&record.team_id, &record.env_vars, &record.egress)
+            .await?;
         let record = self.admit_and_start(record, &source).await?;
         if source.counts_as_template_spawn {
             if let Err(error) = self
@@ -222,6 +224,9 @@ impl Lifecycle {
         mut record: SandboxRecord,
         source: &StartSource,
     ) -> Result<SandboxRecord, LifecycleError> {
+        // Before anything is stored: a secret its rules use may be gone (a fork of a sandbox whose
+        // secret was deleted since).
+        let network = self.resolved_network_spec(&record).await?;
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
         {
@@ -269,7 +274,7 @@ impl Lifecycle {
         }
         let admitted = std::time::Instant::now();
 
-        let mut spec = self.spec_with_layers(&record, source.layers.clone());
+        let mut spec = self.spec_with_layers(&record, source.layers.clone(), network);
         spec.network.raw_sockets = source.privileges.raw_sockets;
         spec.syscalls.allow_io_uring = source.privileges.io_uring;
         let checkpoint = source.checkpoint.clone();
@@ -498,7 +503,8 @@ impl Lifecycle {
                 .flatten()
         };
         let body = EnvdInit {
-            env_vars: record.env_vars.clone(),
+            // Placeholders become values here, on their way to the agent; the record keeps them.
+            env_vars: self.resolved_env(record).await?,
             access_token: record.envd_access_token.clone(),
             default_user: Some(DEFAULT_USER.to_string()),
             default_workdir,

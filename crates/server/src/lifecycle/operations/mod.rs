@@ -12,6 +12,8 @@ pub(crate) use orphans::agent_processes;
 mod pause;
 mod query;
 mod resume;
+mod secrets;
+pub use secrets::SecretChange;
 
 pub(crate) use create::StartSource;
 pub use create::{CreateRequest, CreatedSandbox};
@@ -26,7 +28,6 @@ use rand::distributions::{Alphanumeric, DistString};
 use rand::Rng;
 use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, SandboxSpec};
 
-use self::network::network_spec;
 use super::admission::AdmissionError;
 use super::agent_init::AgentInitError;
 use super::now_millis;
@@ -85,6 +86,8 @@ pub enum LifecycleError {
         "the guest agent of sandbox {0} is not responding; the sandbox keeps running unchanged"
     )]
     GuestUnresponsive(String),
+    #[error(transparent)]
+    Secrets(#[from] crate::secrets::SecretsError),
 }
 
 /// Why the proxy cannot reach a sandbox.
@@ -125,6 +128,8 @@ pub struct Lifecycle {
     /// What the template builds' sandboxes hold, by sandbox: admitted like every other sandbox
     /// and counted in every admission while they live.
     build_usage: Mutex<HashMap<String, BuildHold>>,
+    /// The operator's key for stored secrets (loaded, or made, once).
+    keyring: crate::secrets::Keyring,
 }
 
 /// What a template build's sandbox holds, and whose it is.
@@ -169,7 +174,10 @@ impl Lifecycle {
         metrics: Arc<Metrics>,
     ) -> Self {
         let capabilities = runtime.capabilities();
+        let keyring =
+            crate::secrets::Keyring::load(config.secrets_key_file.as_deref(), &config.state_dir);
         Lifecycle {
+            keyring,
             store,
             runtime,
             config,
@@ -510,6 +518,7 @@ impl Lifecycle {
         &self,
         record: &SandboxRecord,
         layers: Vec<PathBuf>,
+        network: warren_runtime::NetworkSpec,
     ) -> SandboxSpec {
         SandboxSpec {
             id: record.id.clone(),
@@ -520,7 +529,7 @@ impl Lifecycle {
                 disk_mib: record.disk_mib,
                 max_pids: self.config.default_resources.max_pids,
             },
-            network: network_spec(record),
+            network,
             syscalls: Default::default(),
         }
     }

@@ -13,12 +13,14 @@ impl Lifecycle {
     pub async fn set_egress(&self, id: &str, rules: EgressRules) -> Result<(), LifecycleError> {
         let (_held, record) = self.lock_live(id).await?;
         self.check_egress(id, &rules).await?;
+        self.check_placeholders(&record.team_id, &Default::default(), &rules)
+            .await?;
         let updated = SandboxRecord {
             egress: rules,
             ..record.clone()
         };
         if record.state == SandboxState::Running {
-            let spec = network_spec(&updated);
+            let spec = self.resolved_network_spec(&updated).await?;
             let id_owned = id.to_string();
             self.on_runtime(move |runtime| runtime.set_network(&id_owned, &spec))
                 .await
@@ -69,7 +71,14 @@ impl Lifecycle {
         if !record.egress.needs_proxy() {
             return;
         }
-        let spec = network_spec(record);
+        let spec = match self.resolved_network_spec(record).await {
+            Ok(spec) => spec,
+            Err(error) => {
+                // The proxy keeps refusing this sandbox's names (it fails closed).
+                tracing::warn!(sandbox = %record.id, %error, "cannot resolve the secrets of a sandbox's egress rules");
+                return;
+            }
+        };
         let id = record.id.clone();
         if let Err(error) = self
             .on_runtime(move |runtime| runtime.set_network(&id, &spec))

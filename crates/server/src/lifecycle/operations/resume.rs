@@ -85,6 +85,9 @@ impl Lifecycle {
         record: &mut SandboxRecord,
         end_at: Millis,
     ) -> Result<(), LifecycleError> {
+        // Before the transition: a secret its rules use may have been deleted while it was paused,
+        // and then it stays paused.
+        let network = self.resolved_network_spec(record).await?;
         self.transition(record, SandboxState::Resuming, TransitionUpdate::default())
             .await?;
         let id = record.id.clone();
@@ -107,7 +110,7 @@ impl Lifecycle {
                 // The layers the checkpoint was taken over: a rebuild since moved the template on.
                 let layers = warren_runtime::checkpoint::Manifest::read(&dir)
                     .map_or_else(|_| template.layers.clone(), |m| m.layers);
-                let spec = self.spec_with_layers(record, layers);
+                let spec = self.spec_with_layers(record, layers, network);
                 let checkpoint = dir.clone();
                 let restored = self
                     .on_runtime(move |runtime| runtime.restore(&checkpoint, &spec))
@@ -283,7 +286,20 @@ impl Lifecycle {
             .map_or_else(|_| template.layers.clone(), |m| m.layers);
         let (cold_start, privileges, defaults) =
             super::create::boot_plan(&self.config, &template.id, &template.build_id);
-        let mut spec = self.spec_with_layers(record, layers);
+        // A secret its rules use may have been deleted while it was paused: it stays paused.
+        let network = match self.resolved_network_spec(record).await {
+            Ok(network) => network,
+            Err(error) => {
+                self.transition(
+                    record,
+                    SandboxState::Paused,
+                    back_to_paused(format!("boot refused: {error}")),
+                )
+                .await?;
+                return Err(error);
+            }
+        };
+        let mut spec = self.spec_with_layers(record, layers, network);
         spec.network.raw_sockets = privileges.raw_sockets;
         spec.syscalls.allow_io_uring = privileges.io_uring;
         let checkpoint = dir.clone();
