@@ -83,6 +83,7 @@ export async function templatesPage(root: HTMLElement): Promise<void> {
 /// Polls a build's status from the last log line read, appending new lines until the build ends.
 export function streamLog(templateId: string, buildId: string, into: HTMLElement): () => void {
   let offset = 0;
+  let lastStep = "";
   let stopped = false;
   into.textContent = "";
   const status = h("p", { role: "status", class: "muted", id: "build-status" });
@@ -90,14 +91,20 @@ export function streamLog(templateId: string, buildId: string, into: HTMLElement
   const tick = async () => {
     if (stopped) return;
     try {
-      const info = await json<{ status: string; logs: string[] }>("GET", `/templates/${templateId}/builds/${buildId}/status?logsOffset=${offset}`);
+      const info = await json<{ status: string; logEntries: { level: string; message: string; step?: string }[] }>(
+        "GET",
+        `/templates/${templateId}/builds/${buildId}/status?logsOffset=${offset}`,
+      );
       if (stopped) return;
-      if (info.logs.length) {
-        into.append(info.logs.join("\n") + "\n");
-        offset += info.logs.length;
+      const entries = info.logEntries ?? [];
+      if (entries.length) {
+        into.append(entries.map((e) => `${e.step ? `[${e.step}] ` : ""}${e.level === "info" ? "" : `${e.level}: `}${e.message}`).join("\n") + "\n");
+        offset += entries.length;
         into.scrollTop = into.scrollHeight;
+        const step = [...entries].reverse().find((e) => e.step)?.step;
+        if (step) lastStep = step;
       }
-      status.textContent = `build ${buildId}: ${info.status} (${offset} log lines)`;
+      status.textContent = `build ${buildId}: ${info.status} (${offset} log lines${lastStep ? `, step ${lastStep}` : ""})`;
       if (info.status === "building" || info.status === "waiting") window.setTimeout(tick, 1000);
     } catch (error) {
       status.textContent = `cannot read the build: ${(error as Error).message}`;

@@ -111,6 +111,23 @@ async fn without_a_session_json_is_401_and_pages_go_to_login() {
         let login_page = send(Method::GET, &url("/dashboard/login"), &[], None).await;
         assert_eq!(login_page.status, StatusCode::OK);
         assert!(String::from_utf8_lossy(&login_page.body).contains("/dashboard/assets/app.js"));
+        // The page's script and styles are served without a session (the login page needs them).
+        for (asset, kind) in [("app.js", "text/javascript"), ("app.css", "text/css")] {
+            let served = send(
+                Method::GET,
+                &url(&format!("/dashboard/assets/{asset}")),
+                &[],
+                None,
+            )
+            .await;
+            assert_eq!(served.status, StatusCode::OK, "{asset}");
+            assert!(served.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind));
+        }
+        let missing = send(Method::GET, &url("/dashboard/assets/nope.js"), &[], None).await;
+        assert_eq!(missing.status, StatusCode::NOT_FOUND);
     } else {
         assert_eq!(page.status, StatusCode::SERVICE_UNAVAILABLE);
         assert!(String::from_utf8_lossy(&page.body).contains("dashboard assets not built"));

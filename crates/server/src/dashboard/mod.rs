@@ -100,8 +100,8 @@ async fn page(
     Path(rest): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    if let Some(file) = rest.strip_prefix("assets/") {
-        return assets::serve(file);
+    if rest.starts_with("assets/") {
+        return assets::serve(&rest);
     }
     if rest.starts_with("api/") {
         return ApiError::not_found("no such dashboard endpoint").into_response();
