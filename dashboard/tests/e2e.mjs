@@ -163,8 +163,8 @@ try {
   await waitForLine(`cols=${cols}`, (l) => l.trim() === `cols=${cols}`);
   await page.setViewportSize({ width: 1280, height: 800 });
 
-  step("terminal: a 200 KB paste arrives whole");
-  const pasteLines = 2000;
+  step("terminal: a 1 MB paste arrives whole");
+  const pasteLines = 10000;
   const line = "x".repeat(99);
   await page.keyboard.type("stty -echo; cat > /tmp/wt-paste; stty echo");
   await page.keyboard.press("Enter");

@@ -1,6 +1,6 @@
 """The web dashboard (docs/dashboard.md) in Debian's headless Chromium against a real `warren up`:
 a 401 without a key, log in, a sandbox created through the API in the list, its terminal (`echo
-$((6*7))` reads 42, Ctrl-C, top, a resize, a 200 KB paste), processes, logs, events, a file uploaded
+$((6*7))` reads 42, Ctrl-C, top, a resize, a 1 MB paste), processes, logs, events, a file uploaded
 and downloaded, pause and resume from the buttons, a template build's log streaming while it runs,
 and log out. The browser steps live in dashboard/tests/e2e.mjs (playwright-core); the screenshots it
 takes go to docs/dashboard/."""
