@@ -1,13 +1,13 @@
 // Warren's dashboard: a single-page app under /dashboard, signed in with a session cookie that the
 // server set at login. Routes: /dashboard/login, /dashboard/sandboxes[/<id>[/<tab>]],
-// /dashboard/templates, /dashboard/snapshots, /dashboard/fleet.
+// /dashboard/templates, /dashboard/snapshots, /dashboard/fleet, /dashboard/keys.
 
 import "./style.css";
 import { HttpError, json, request, Session, setCsrf } from "./api";
 import { h, message } from "./ui";
 import { sandboxesPage } from "./sandboxes";
 import { detailPage } from "./detail";
-import { fleetPage, snapshotsPage, templatesPage } from "./pages";
+import { fleetPage, keysPage, snapshotsPage, templatesPage } from "./pages";
 
 const app = document.getElementById("app") as HTMLElement;
 let leaving: (() => void)[] = [];
@@ -31,7 +31,7 @@ function nav(): HTMLElement {
     "header",
     { class: "top" },
     h("strong", {}, "Warren"),
-    h("nav", { "aria-label": "Main" }, link("/dashboard/sandboxes", "Sandboxes"), link("/dashboard/templates", "Templates"), link("/dashboard/snapshots", "Snapshots"), link("/dashboard/fleet", "Fleet")),
+    h("nav", { "aria-label": "Main" }, link("/dashboard/sandboxes", "Sandboxes"), link("/dashboard/templates", "Templates"), link("/dashboard/snapshots", "Snapshots"), link("/dashboard/fleet", "Fleet"), link("/dashboard/keys", "API keys")),
     h("span", { class: "spacer" }),
     h("span", { id: "team" }, session ? `team ${session.teamId} · key ${session.keyName}` : ""),
     h(
@@ -111,6 +111,8 @@ async function route(): Promise<void> {
     void snapshotsPage(main);
   } else if (parts[0] === "fleet") {
     fleetPage(main);
+  } else if (parts[0] === "keys") {
+    keysPage(main);
   } else if (!parts[0] || parts[0] === "sandboxes") {
     history.replaceState(null, "", "/dashboard/sandboxes");
     sandboxesPage(main);

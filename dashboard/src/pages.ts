@@ -210,3 +210,99 @@ function groupBy<T>(items: T[], key: (item: T) => string): Map<string, T[]> {
   }
   return map;
 }
+
+interface ApiKey {
+  id: string;
+  name: string;
+  teamID: string;
+  admin: boolean;
+  mask: { prefix: string; maskedValuePrefix: string };
+  createdAt: string;
+  lastUsed?: string;
+  key?: string;
+}
+
+/// API keys: listed, made and revoked with an admin key (the API answers 403 to other keys).
+export function keysPage(root: HTMLElement): void {
+  const body = h("div", {});
+  const name = h("input", { type: "text", id: "key-name", required: true }) as HTMLInputElement;
+  const team = h("input", { type: "text", id: "key-team", placeholder: "this key's team" }) as HTMLInputElement;
+  const made = h("p", { role: "status", id: "key-made" });
+  const render = async () => {
+    try {
+      const keys = await json<ApiKey[]>("GET", "/api-keys");
+      body.replaceChildren(
+        h(
+          "table",
+          { id: "key-table" },
+          h("thead", {}, h("tr", {}, ...["Name", "Key", "Team", "Admin", "Created", "Last used", ""].map((c) => h("th", { scope: "col" }, c)))),
+          h(
+            "tbody",
+            {},
+            ...keys.map((k) =>
+              h(
+                "tr",
+                {},
+                h("td", {}, k.name),
+                // The masked prefix already starts with the key prefix (`e2b_`).
+                h("td", {}, `${k.mask?.maskedValuePrefix ?? ""}…`),
+                h("td", {}, k.teamID),
+                h("td", {}, k.admin ? "yes" : ""),
+                h("td", {}, time(k.createdAt)),
+                h("td", {}, k.lastUsed ? time(k.lastUsed) : ""),
+                h(
+                  "td",
+                  {},
+                  h(
+                    "button",
+                    {
+                      type: "button",
+                      class: "danger",
+                      "aria-label": `Revoke key ${k.name}`,
+                      onclick: async () => {
+                        if (!window.confirm(`Revoke API key ${k.name}? Its sessions end too.`)) return;
+                        try {
+                          await json("DELETE", `/api-keys/${encodeURIComponent(k.id)}`);
+                        } catch (error) {
+                          made.textContent = `cannot revoke: ${(error as Error).message}`;
+                        }
+                        await render();
+                      },
+                    },
+                    "Revoke",
+                  ),
+                ),
+              ),
+            ),
+          ),
+        ),
+      );
+    } catch (error) {
+      body.replaceChildren(message((error as Error).message, true));
+    }
+  };
+  const form = h(
+    "form",
+    {
+      class: "toolbar",
+      onsubmit: async (event: Event) => {
+        event.preventDefault();
+        try {
+          const key = await json<ApiKey>("POST", "/api-keys", { name: name.value, ...(team.value ? { teamID: team.value } : {}) });
+          made.textContent = `new key ${key.name}: ${key.key} (shown once)`;
+          name.value = "";
+          await render();
+        } catch (error) {
+          made.textContent = `cannot make the key: ${(error as Error).message}`;
+        }
+      },
+    },
+    h("label", { for: "key-name" }, "New key name"),
+    name,
+    h("label", { for: "key-team" }, "Team"),
+    team,
+    h("button", { type: "submit" }, "Create key"),
+  );
+  root.replaceChildren(h("h1", {}, "API keys"), form, made, body);
+  void render();
+}

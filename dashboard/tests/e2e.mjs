@@ -204,24 +204,38 @@ try {
   for await (const chunk of stream) chunks.push(chunk);
   check(Buffer.concat(chunks).toString() === content, "the downloaded file is the uploaded one");
 
+  // Waits for the action `label` to finish (the page's status line), failing with its message.
+  const actionDone = async (label, pattern = new RegExp(`^${label}: done$`)) => {
+    const deadline = Date.now() + 180000;
+    for (;;) {
+      const text = ((await page.locator("#action-status").textContent()) ?? "").trim();
+      if (pattern.test(text)) return text;
+      check(!text.startsWith(`${label} failed`), `${label}: ${text}`);
+      check(Date.now() < deadline, `${label} finished (status: ${text})`);
+      await page.waitForTimeout(200);
+    }
+  };
+
   step("pause and resume from the buttons");
   await page.getByRole("button", { name: "Pause" }).click();
-  await page.locator("#sandbox-state", { hasText: "paused" }).waitFor({ timeout: 120000 });
+  await actionDone("Pause");
+  await page.locator("#sandbox-state", { hasText: "paused" }).waitFor({ timeout: 30000 });
   await page.screenshot({ path: `${shots}/detail-paused.png` });
   await page.getByRole("button", { name: "Resume" }).click();
-  await page.locator("#sandbox-state", { hasText: "running" }).waitFor({ timeout: 120000 });
+  await actionDone("Resume");
+  await page.locator("#sandbox-state", { hasText: "running" }).waitFor({ timeout: 30000 });
 
   step("set timeout, fork x2, snapshot");
   const endsBefore = await page.locator("#sandbox-summary dd").nth(3).textContent();
   await page.getByLabel("Timeout (s)").fill("1800");
   await page.getByRole("button", { name: "Set timeout" }).click();
-  await page.locator("#action-status", { hasText: "Set timeout: done" }).waitFor({ timeout: 30000 });
+  await actionDone("Set timeout");
   await page.waitForFunction((before) => document.querySelectorAll("#sandbox-summary dd")[3]?.textContent !== before, endsBefore);
   await page.getByLabel("Forks").fill("2");
   await page.getByRole("button", { name: "Fork" }).click();
-  await page.locator("#action-status", { hasText: /forked: \S+, \S+$/ }).waitFor({ timeout: 180000 });
+  await actionDone("Fork", /^forked: \S+, \S+$/);
   await page.getByRole("button", { name: "Snapshot" }).click();
-  await page.locator("#action-status", { hasText: /snapshot \S+ taken/ }).waitFor({ timeout: 180000 });
+  await actionDone("Snapshot", /^snapshot \S+ taken$/);
   await page.screenshot({ path: `${shots}/detail-actions.png` });
 
   if (buildTemplate && buildContext && warrenBin) {
@@ -277,6 +291,22 @@ try {
   await page.goto(`${base}/dashboard/fleet`);
   await page.locator("#count-running").waitFor();
   await page.screenshot({ path: `${shots}/fleet.png` });
+
+  step("API keys: make one, see it, revoke it");
+  await page.goto(`${base}/dashboard/keys`);
+  await page.locator("#key-table").waitFor();
+  await page.getByLabel("New key name").fill("wt-dash-key");
+  await page.getByRole("button", { name: "Create key" }).click();
+  await page.locator("#key-made", { hasText: /new key wt-dash-key: e2b_\w+/ }).waitFor();
+  const madeKey = /e2b_\w+/.exec((await page.locator("#key-made").textContent()) ?? "")[0];
+  const withKey = await page.request.get(`${base}/v2/sandboxes`, { headers: { "X-API-Key": madeKey } });
+  check(withKey.status() === 200, `the new key works (${withKey.status()})`);
+  await page.screenshot({ path: `${shots}/keys.png` });
+  page.once("dialog", (dialog) => dialog.accept());
+  await page.getByRole("button", { name: "Revoke key wt-dash-key" }).click();
+  await page.locator("#key-table tr", { hasText: "wt-dash-key" }).waitFor({ state: "detached" });
+  const revokedKey = await page.request.get(`${base}/v2/sandboxes`, { headers: { "X-API-Key": madeKey } });
+  check(revokedKey.status() === 401, `the revoked key is refused (${revokedKey.status()})`);
 
   step("the list with 1,000 sandboxes");
   // The API's answers are replaced by 1,000 made-up rows for this page only (a thousand real
