@@ -8,7 +8,9 @@ pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fspro
     microsocks socat
     # Image-pull tests: a real registry on loopback, skopeo to push test images, a static busybox for
     # an Alpine-like image, zstd for zstd layers (the registry's system service is never enabled).
-    docker-registry skopeo umoci busybox-static zstd)
+    docker-registry skopeo umoci busybox-static zstd
+    # The dashboard's browser tests (tests/e2e/test_dashboard_e2e.py) drive headless Chromium.
+    chromium)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

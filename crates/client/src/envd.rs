@@ -24,9 +24,9 @@ use warren_proto::envd::filesystem::{
 use warren_proto::envd::filesystem::{RemoveRequest, RemoveResponse};
 use warren_proto::envd::process::{
     process_event, process_input, process_selector, pty, CloseStdinRequest, CloseStdinResponse,
-    ProcessConfig, ProcessEvent, ProcessInput, ProcessSelector, Pty, SendInputRequest,
-    SendInputResponse, SendSignalRequest, SendSignalResponse, Signal, StartRequest, StartResponse,
-    UpdateRequest, UpdateResponse,
+    ConnectRequest, ProcessConfig, ProcessEvent, ProcessInput, ProcessSelector, Pty,
+    SendInputRequest, SendInputResponse, SendSignalRequest, SendSignalResponse, Signal,
+    StartRequest, StartResponse, UpdateRequest, UpdateResponse,
 };
 
 pub use warren_proto::envd::ENVD_PORT;
@@ -345,10 +345,32 @@ impl EnvdClient {
                 Some(spec.stdin)
             },
         };
-        let body = encode_envelope(0, &request.encode_to_vec());
+        self.server_stream("process.Process/Start", &request.encode_to_vec())
+            .await
+    }
+
+    /// Attaches to a process that is already running (one started earlier by [`EnvdClient::start`],
+    /// whose stream was lost): its events from now on. Output written while nobody was attached is
+    /// not replayed.
+    pub async fn connect(&self, pid: u32) -> Result<ProcessStream, EnvdError> {
+        let request = ConnectRequest {
+            process: Some(select_pid(pid)),
+        };
+        // `ConnectResponse` and `StartResponse` are the same message (one `ProcessEvent` as field 1),
+        // so one stream decoder reads both.
+        self.server_stream("process.Process/Connect", &request.encode_to_vec())
+            .await
+    }
+
+    async fn server_stream(
+        &self,
+        method: &str,
+        message: &[u8],
+    ) -> Result<ProcessStream, EnvdError> {
+        let body = encode_envelope(0, message);
         let response = self
             .http
-            .post(self.url("process.Process/Start")?)
+            .post(self.url(method)?)
             .headers(self.headers.clone())
             .header(CONTENT_TYPE, "application/connect+proto")
             .header("Connect-Protocol-Version", "1")

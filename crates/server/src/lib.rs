@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod config;
+pub mod dashboard;
 pub mod keys;
 pub mod lifecycle;
 pub mod listener;
@@ -215,6 +216,7 @@ impl Server {
             lifecycle: Arc::clone(&lifecycle),
             metrics: Arc::clone(&metrics),
             builds,
+            dashboard: Arc::new(dashboard::Sessions::new(tls.is_some())),
         });
         // With TLS the proxy's port also answers as `api.<domain>`: E2B_DOMAIN mode, where the SDK
         // reaches the API and the sandboxes on one HTTPS port.

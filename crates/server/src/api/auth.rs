@@ -36,6 +36,12 @@ impl FromRequestParts<AppState> for Authenticated {
             .or(from_bearer)
             .filter(|secret| !secret.is_empty())
         else {
+            // The dashboard's browser code sends its session cookie instead (CSRF-checked there).
+            if let Some(key) =
+                crate::dashboard::authenticate_session(&parts.method, &parts.headers, state).await?
+            {
+                return Ok(Authenticated(key));
+            }
             return Err(ApiError::unauthorized(format!(
                 "missing {API_KEY_HEADER} header"
             )));

@@ -30,6 +30,7 @@ pub struct AppState {
     pub lifecycle: Arc<Lifecycle>,
     pub metrics: Arc<Metrics>,
     pub builds: Arc<TemplateBuilds>,
+    pub dashboard: Arc<crate::dashboard::Sessions>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .merge(teams::router())
         .merge(workspaces::router())
         .merge(meta::router())
+        .merge(crate::dashboard::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

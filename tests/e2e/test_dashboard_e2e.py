@@ -1,0 +1,84 @@
+"""The web dashboard (docs/dashboard.md) in Debian's headless Chromium against a real `warren up`:
+a 401 without a key, log in, a sandbox created through the API in the list, its terminal (`echo
+$((6*7))` reads 42, Ctrl-C, top, a resize, a 1 MB paste), processes, logs, events, a file uploaded
+and downloaded, pause and resume from the buttons, a template build's log streaming while it runs,
+and log out. The browser steps live in dashboard/tests/e2e.mjs (playwright-core); the screenshots it
+takes go to docs/dashboard/."""
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[2]
+DASHBOARD = REPO / "dashboard"
+CHROMIUM = os.environ.get("WARREN_CHROMIUM", "/usr/bin/chromium")
+SHOTS = REPO / "docs" / "dashboard"
+BUILD_NAME = "wt-dash-build"
+# A build that prints a numbered line every half second, so its log visibly streams.
+DOCKERFILE = (
+    "FROM debian:bookworm\n"
+    "RUN for i in $(seq 1 20); do echo wt-dash-step-$i; sleep 0.5; done\n"
+)
+
+
+def _missing() -> str | None:
+    if not Path(CHROMIUM).is_file():
+        return f"no Chromium at {CHROMIUM} (apt-get install chromium; scripts/setup does)"
+    if shutil.which("node") is None:
+        return "node is not installed"
+    if not (DASHBOARD / "node_modules" / "playwright-core").is_dir():
+        return "dashboard/node_modules missing (run scripts/setup)"
+    return None
+
+
+def test_dashboard_in_chromium(warren):
+    reason = _missing()
+    if reason:
+        print(f"SKIP: {reason}")
+        return
+    api = httpx.Client(
+        base_url=warren.api_url, headers={"X-API-Key": warren.env["E2B_API_KEY"]}, timeout=120
+    )
+    page = api.get("/dashboard/login")
+    if page.status_code == 503:
+        raise AssertionError(f"the server was built without the dashboard bundle: {page.text}")
+    created = api.post(
+        "/sandboxes", json={"templateID": "base", "timeout": 600, "metadata": {"suite": "wt-dashboard"}}
+    )
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandboxID"]
+    context = tempfile.mkdtemp(prefix="wt-dash-build-")
+    try:
+        Path(context, "e2b.Dockerfile").write_text(DOCKERFILE)
+        result = subprocess.run(
+            ["node", "tests/e2e.mjs"],
+            cwd=DASHBOARD,
+            env={
+                **os.environ,
+                "WARREN_URL": warren.api_url,
+                "WARREN_KEY": warren.env["E2B_API_KEY"],
+                "SANDBOX_ID": sandbox_id,
+                **warren.env,
+                "WARREN_BIN": warren.binary,
+                "BUILD_CONTEXT": context,
+                "BUILD_TEMPLATE": BUILD_NAME,
+                "SHOTS_DIR": str(SHOTS),
+                "CHROMIUM": CHROMIUM,
+            },
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
+        print(result.stdout)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "OK all dashboard steps passed" in result.stdout
+    finally:
+        warren.cli("template", "delete", BUILD_NAME, "--force")
+        shutil.rmtree(context, ignore_errors=True)
+        for sandbox in api.get("/v2/sandboxes", params={"metadata": "suite=wt-dashboard", "state": "running,paused"}).json():
+            api.delete(f"/sandboxes/{sandbox['sandboxID']}")
+        api.close()
