@@ -52,6 +52,24 @@ async fn headers_and_host_names_route_to_the_sandbox_and_keep_the_token() {
         "token passes through"
     );
 
+    // A dashboard session never reaches the sandbox; the sandbox's own cookies do.
+    let with_cookie = h
+        .proxy(
+            "/files",
+            &[
+                ("E2b-Sandbox-Id", &id),
+                ("E2b-Sandbox-Port", "49983"),
+                ("X-Access-Token", &token),
+                ("Cookie", "app=1; warren_session=0123abcd; theme=dark"),
+            ],
+        )
+        .await;
+    assert_eq!(with_cookie.status, StatusCode::OK);
+    assert_eq!(
+        with_cookie.json()["headers"]["cookie"],
+        json!("app=1; theme=dark")
+    );
+
     let host = format!("49983-{id}.localhost");
     let by_host = h.proxy("/health", &[("Host", &host)]).await;
     assert_eq!(by_host.status, StatusCode::OK);

@@ -146,6 +146,40 @@ pub fn session_id(headers: &axum::http::HeaderMap) -> Option<String> {
         .map(|(_, value)| value.to_string())
 }
 
+/// Takes the session cookie out of `headers`, keeping every other cookie: what the sandbox proxy
+/// forwards must never carry a dashboard session to code inside a sandbox.
+pub fn strip_session_cookie(headers: &mut axum::http::HeaderMap) {
+    let values: Vec<axum::http::HeaderValue> = headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    if values.is_empty() {
+        return;
+    }
+    headers.remove(axum::http::header::COOKIE);
+    for value in values {
+        let Ok(text) = value.to_str() else {
+            // Not text: not ours to parse, and no session cookie of ours looks like that.
+            headers.append(axum::http::header::COOKIE, value);
+            continue;
+        };
+        let kept: Vec<&str> = text
+            .split(';')
+            .map(str::trim)
+            .filter(|pair| {
+                !pair.is_empty() && pair.split('=').next().map(str::trim) != Some(COOKIE)
+            })
+            .collect();
+        if kept.is_empty() {
+            continue;
+        }
+        if let Ok(value) = axum::http::HeaderValue::from_str(&kept.join("; ")) {
+            headers.append(axum::http::header::COOKIE, value);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,6 +220,22 @@ mod tests {
         assert!(!plain.contains("Secure"));
         assert!(Sessions::new(true).cookie("abc").ends_with("; Secure"));
         assert!(Sessions::new(false).clearing_cookie().contains("Max-Age=0"));
+    }
+
+    #[test]
+    fn the_proxy_strips_only_the_session_cookie() {
+        let mut headers = axum::http::HeaderMap::new();
+        headers.append("cookie", "a=1; warren_session=xyz; b=2".parse().unwrap());
+        headers.append("cookie", "warren_session=abc".parse().unwrap());
+        headers.append("cookie", "c=3".parse().unwrap());
+        strip_session_cookie(&mut headers);
+        let left: Vec<&str> = headers
+            .get_all("cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(left, ["a=1; b=2", "c=3"]);
+        assert_eq!(session_id(&headers), None);
     }
 
     #[test]

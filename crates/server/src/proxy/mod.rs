@@ -182,6 +182,8 @@ impl Proxy {
             }
         };
         let mut parts = parts;
+        // A dashboard session is Warren's credential, never the sandbox's to see.
+        crate::dashboard::sessions::strip_session_cookie(&mut parts.headers);
         // A private sandbox's user ports need its traffic token; envd's port has its own token.
         let presented = parts.headers.remove(TRAFFIC_TOKEN_HEADER);
         if let Some(expected) = &route.traffic_token {
