@@ -238,6 +238,15 @@ impl LinuxRuntime {
         restore: Option<(&Path, &Manifest)>,
     ) -> Result<Sandbox, RuntimeError> {
         let started = Instant::now();
+        for bind in &spec.volumes {
+            // A plain directory here would bind the host's directory instead of the volume.
+            if !crate::rootfs::layer_disk::is_mount_point(&bind.source) {
+                return Err(RuntimeError::InvalidSpec(format!(
+                    "volume source {} is not mounted",
+                    bind.source.display()
+                )));
+            }
+        }
         let ip = match restore {
             Some((_, manifest)) => self.restore_ip(spec, manifest)?,
             None => self.allocate_ip(&spec.id)?,
@@ -320,6 +329,7 @@ impl LinuxRuntime {
             syscalls: spec.syscalls,
             restore: restore_plan,
             lxcfs: self.lxcfs.clone(),
+            volumes: spec.volumes.clone(),
         };
         let prepared = started.elapsed();
         let config_path = supervisor_config
@@ -350,6 +360,7 @@ impl LinuxRuntime {
             layers: spec.layers.clone(),
             disk_mib: spec.resources.disk_mib,
             allow_internet: spec.network.allow_internet,
+            volumes: spec.volumes.clone(),
         };
         record
             .write(dir)
@@ -986,6 +997,11 @@ impl Runtime for LinuxRuntime {
         let freezer =
             FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
         let upper = LayerDisk::at(&dir).upper();
+        let volume_targets: Vec<PathBuf> = record
+            .volumes
+            .iter()
+            .map(|bind| bind.target.clone())
+            .collect();
         let target = DumpTarget {
             sandbox_id: id,
             ip: record.ip,
@@ -993,6 +1009,7 @@ impl Runtime for LinuxRuntime {
             freezer,
             upper: &upper,
             layers: &record.layers,
+            volume_targets: &volume_targets,
         };
         // The network is locked for the dump by holding the veth's host side down.
         let host = network::veth_name("wv", record.ip);

@@ -16,6 +16,7 @@ pub mod state_lock;
 pub mod store;
 pub mod templates;
 pub mod tls;
+pub mod volumes;
 pub mod webhooks;
 
 use std::net::SocketAddr;

@@ -11,6 +11,7 @@ mod sandboxes;
 mod snapshots;
 mod teams;
 mod templates;
+mod volumes;
 mod webhooks;
 mod workspaces;
 
@@ -40,6 +41,7 @@ pub fn router(state: AppState) -> Router {
         .merge(templates::router())
         .merge(teams::router())
         .merge(workspaces::router())
+        .merge(volumes::router())
         .merge(meta::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(
