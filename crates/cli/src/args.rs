@@ -168,6 +168,9 @@ pub struct UpArgs {
     /// Most memory (MiB) all running sandboxes of this node may hold together; more get 429.
     #[arg(long, env = "WARREN_MAX_TOTAL_MEMORY_MIB")]
     pub max_total_memory_mib: Option<u64>,
+    /// Size (MiB) of each new volume; a volume keeps the size it was made with (default 1024).
+    #[arg(long, env = "WARREN_VOLUME_SIZE_MIB")]
+    pub volume_size_mib: Option<u64>,
     /// Task limit (pids.max) of each sandbox; admission keeps the sum of all sandboxes' limits under
     /// the host's capacity (kernel pid_max/threads-max less a reserve), refusing more with 429.
     #[arg(long, env = "WARREN_SANDBOX_MAX_PIDS")]

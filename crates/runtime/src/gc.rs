@@ -44,6 +44,9 @@ pub struct Findings {
     pub sandboxes: Vec<Leftover>,
     /// lxcfs mounts of state directories without a store.
     pub lxcfs_mounts: Vec<PathBuf>,
+    /// Volume mounts (`<state>/volumes/<id>/mnt`) of state directories without a store; their loop
+    /// devices detach with the mounts.
+    pub volume_mounts: Vec<PathBuf>,
 }
 
 /// `<state>/sandboxes/<id>` split from a path at or below a sandbox's directory.
@@ -178,11 +181,18 @@ pub fn find() -> Findings {
 
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut lxcfs_mounts = Vec::new();
+    let mut volume_mounts = Vec::new();
     for (point, fstype) in mount_points(&mountinfo) {
         if fstype == "fuse.lxcfs" && point.file_name().is_some_and(|n| n == "lxcfs") {
             let state = point.parent().unwrap_or(Path::new("/"));
             if !state.join("warren.db").exists() && !lxcfs_mounts.contains(&point) {
                 lxcfs_mounts.push(point);
+            }
+            continue;
+        }
+        if let Some(state) = volume_state_dir(&point) {
+            if !state.join("warren.db").exists() && !volume_mounts.contains(&point) {
+                volume_mounts.push(point);
             }
             continue;
         }
@@ -223,7 +233,18 @@ pub fn find() -> Findings {
     Findings {
         sandboxes: leftovers.into_values().collect(),
         lxcfs_mounts,
+        volume_mounts,
     }
+}
+
+/// The state directory of a volume's host mount point (`<state>/volumes/<id>/mnt`).
+fn volume_state_dir(point: &Path) -> Option<&Path> {
+    if point.file_name()? != "mnt" {
+        return None;
+    }
+    let volume = point.parent()?;
+    let volumes = volume.parent()?;
+    (volumes.file_name()? == "volumes").then(|| volumes.parent())?
 }
 
 fn detach(point: &Path) -> Result<(), String> {
@@ -274,7 +295,7 @@ pub fn remove(findings: &Findings) -> Vec<String> {
             }
         }
     }
-    for point in &findings.lxcfs_mounts {
+    for point in findings.lxcfs_mounts.iter().chain(&findings.volume_mounts) {
         if let Err(e) = detach(point) {
             problems.push(e);
         }
@@ -299,6 +320,21 @@ pub fn remove_stale_firewall_entries(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn volume_mounts_are_told_by_their_place() {
+        assert_eq!(
+            volume_state_dir(Path::new("/var/lib/warren/volumes/vol-1/mnt")),
+            Some(Path::new("/var/lib/warren"))
+        );
+        for other in [
+            "/var/lib/warren/sandboxes/x/disk",
+            "/var/lib/warren/volumes/mnt",
+            "/mnt",
+        ] {
+            assert_eq!(volume_state_dir(Path::new(other)), None, "{other}");
+        }
+    }
 
     #[test]
     fn a_sandbox_is_found_from_any_path_in_its_directory() {

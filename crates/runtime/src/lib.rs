@@ -101,6 +101,9 @@ pub struct SandboxSpec {
     pub network: NetworkSpec,
     /// Syscalls beyond the default seccomp filter (io_uring); none by default.
     pub syscalls: seccomp::SyscallPolicy,
+    /// Volumes to bind into the sandbox (their host mounts must exist); a restore binds them again
+    /// in the same order.
+    pub volumes: Vec<rootfs::volume_disk::VolumeBind>,
 }
 
 /// A sandbox that exists on this host.

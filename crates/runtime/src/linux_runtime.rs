@@ -242,6 +242,15 @@ impl LinuxRuntime {
             Start::Fresh | Start::FromDisk(_) => None,
         };
         let started = Instant::now();
+        for bind in &spec.volumes {
+            // A plain directory here would bind the host's directory instead of the volume.
+            if !crate::rootfs::layer_disk::is_mount_point(&bind.source) {
+                return Err(RuntimeError::InvalidSpec(format!(
+                    "volume source {} is not mounted",
+                    bind.source.display()
+                )));
+            }
+        }
         let ip = match restore {
             Some((_, manifest)) => self.restore_ip(spec, manifest)?,
             None => self.allocate_ip(&spec.id)?,
@@ -329,6 +338,7 @@ impl LinuxRuntime {
             syscalls: spec.syscalls,
             restore: restore_plan,
             lxcfs: self.lxcfs.clone(),
+            volumes: spec.volumes.clone(),
         };
         let prepared = started.elapsed();
         let config_path = supervisor_config
@@ -359,6 +369,7 @@ impl LinuxRuntime {
             layers: spec.layers.clone(),
             disk_mib: spec.resources.disk_mib,
             allow_internet: spec.network.allow_internet,
+            volumes: spec.volumes.clone(),
         };
         record
             .write(dir)
@@ -1033,6 +1044,11 @@ impl Runtime for LinuxRuntime {
         let freezer =
             FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
         let upper = LayerDisk::at(&dir).upper();
+        let volume_targets: Vec<PathBuf> = record
+            .volumes
+            .iter()
+            .map(|bind| bind.target.clone())
+            .collect();
         let target = DumpTarget {
             sandbox_id: id,
             ip: record.ip,
@@ -1040,6 +1056,7 @@ impl Runtime for LinuxRuntime {
             freezer,
             upper: &upper,
             layers: &record.layers,
+            volume_targets: &volume_targets,
         };
         // The network is locked for the dump by holding the veth's host side down.
         let host = network::veth_name("wv", record.ip);
@@ -1139,6 +1156,9 @@ impl Runtime for LinuxRuntime {
             freezer,
             upper: &upper,
             layers: &record.layers,
+            // Volumes are mounts beside the runtime layer, never in it: the saved files leave them
+            // out, and a boot mounts them again from the sandbox's spec.
+            volume_targets: &[],
         };
         let dumped =
             checkpoint::dump_disk(&target, dest, leave_running).map_err(checkpoint_error)?;

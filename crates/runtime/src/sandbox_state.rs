@@ -36,6 +36,9 @@ pub struct SandboxRecord {
     pub layers: Vec<PathBuf>,
     pub disk_mib: u64,
     pub allow_internet: bool,
+    /// Volumes bound into the sandbox, in spec order (a checkpoint declares them external).
+    #[serde(default)]
+    pub volumes: Vec<crate::rootfs::volume_disk::VolumeBind>,
 }
 
 impl SandboxRecord {

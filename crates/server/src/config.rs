@@ -169,6 +169,9 @@ pub struct Limits {
     pub default_timeout: Duration,
     /// Largest timeout a request may ask for.
     pub max_timeout: Duration,
+    /// Size (MiB) of each new volume's filesystem: writes past it fail with ENOSPC inside sandboxes
+    /// and 507 through the content API (docs/volumes.md).
+    pub volume_size_mib: u64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +190,7 @@ impl Default for Limits {
             max_total_memory_mib: 16 * 1024,
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
+            volume_size_mib: 1024,
         }
     }
 }

@@ -18,6 +18,7 @@ pub mod state_lock;
 pub mod store;
 pub mod templates;
 pub mod tls;
+pub mod volumes;
 pub mod webhooks;
 
 use std::net::SocketAddr;

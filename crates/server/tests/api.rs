@@ -319,8 +319,9 @@ async fn bad_requests_get_the_right_status() {
         .api(Method::POST, "/v2/sandboxes", Some(json!({"timeout": 5})))
         .await;
     assert_error(&malformed, StatusCode::BAD_REQUEST, "templateID");
-    // What the server does not provide is refused by name, never dropped (volumes, MCP, IAM, fields
-    // it does not know), and a malformed network setting names its field.
+    // What the server does not provide is refused by name, never dropped (MCP, IAM, fields
+    // it does not know), a volume the team does not have is named, and a malformed network setting
+    // names its field.
     for (body, named) in [
         (
             json!({"templateID": "base", "network": {"egressProxy": {"address": "p.test"}}}),
@@ -340,7 +341,7 @@ async fn bad_requests_get_the_right_status() {
         ),
         (
             json!({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/data"}]}),
-            "volumeMounts",
+            "volumeMounts: no volume named \"v\"",
         ),
         (json!({"templateID": "base", "mcp": {"x": {}}}), "mcp"),
         (

@@ -13,6 +13,7 @@ use crate::exit_code;
 struct Report {
     sandboxes: Vec<SandboxReport>,
     lxcfs_mounts: Vec<String>,
+    volume_mounts: Vec<String>,
     /// Sandbox addresses whose firewall entries were removed (their veth was gone).
     firewall_entries: Vec<String>,
     removed: bool,
@@ -51,6 +52,11 @@ fn report(
             .collect(),
         lxcfs_mounts: findings
             .lxcfs_mounts
+            .iter()
+            .map(|m| m.display().to_string())
+            .collect(),
+        volume_mounts: findings
+            .volume_mounts
             .iter()
             .map(|m| m.display().to_string())
             .collect(),
@@ -102,10 +108,16 @@ pub fn run(global: &GlobalArgs, args: GcArgs) -> Result<i32, CommandError> {
         for mount in &report.lxcfs_mounts {
             println!("lxcfs mount {mount}: {verb}");
         }
+        for mount in &report.volume_mounts {
+            println!("volume mount {mount}: {verb}");
+        }
         for address in &report.firewall_entries {
             println!("firewall entries of {address} (its sandbox's link is gone): removed");
         }
-        if report.sandboxes.is_empty() && report.lxcfs_mounts.is_empty() {
+        if report.sandboxes.is_empty()
+            && report.lxcfs_mounts.is_empty()
+            && report.volume_mounts.is_empty()
+        {
             println!("nothing to remove: every sandbox on this host has its state directory");
         }
         for problem in &report.problems {

@@ -105,6 +105,9 @@ fn server_config(
     if let Some(max) = args.max_total_memory_mib {
         config.limits.max_total_memory_mib = max;
     }
+    if let Some(mib) = args.volume_size_mib {
+        config.limits.volume_size_mib = mib;
+    }
     if let Some(max) = args.sandbox_max_pids {
         config.default_resources.max_pids = max;
     }

@@ -4,11 +4,13 @@
 pub mod sandboxes;
 pub mod snapshots;
 pub mod templates;
+pub mod volumes;
 pub mod workspaces;
 
 pub use sandboxes::*;
 pub use snapshots::*;
 pub use templates::*;
+pub use volumes::*;
 pub use workspaces::*;
 
 use serde::{Deserialize, Serialize};

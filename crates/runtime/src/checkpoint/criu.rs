@@ -41,6 +41,8 @@ pub struct DumpArgs<'a> {
     pub init_pid: u32,
     /// Freezer cgroup directory of the sandbox (v1 `freezer/...` or the v2 cgroup itself).
     pub freezer_cgroup: &'a Path,
+    /// Where volumes are mounted inside the sandbox, in spec order (external mounts `volume-<n>`).
+    pub volume_targets: &'a [PathBuf],
     pub images: &'a Path,
     pub log: &'a Path,
 }
@@ -61,6 +63,8 @@ pub struct RestoreArgs<'a> {
     pub cgroup_procs: &'a [PathBuf],
     /// The host's lxcfs mount, to map the images' lxcfs bind mounts back to.
     pub lxcfs: Option<&'a Path>,
+    /// The volumes' host mounts, to map the images' `volume-<n>` external mounts back to.
+    pub volumes: &'a [crate::rootfs::volume_disk::VolumeBind],
 }
 
 /// Where the CRIU that scripts/setup builds keeps its kernel-feature cache (its RUNDIR): on a tmpfs,
@@ -351,6 +355,16 @@ fn dump_arguments(args: &DumpArgs<'_>, netns_inode: u64, lxcfs: &[&str]) -> Vec<
             .into(),
         );
     }
+    for (index, target) in args.volume_targets.iter().enumerate() {
+        let mut mapping = OsString::from("mnt[");
+        mapping.push(target);
+        mapping.push(format!(
+            "]:{}",
+            crate::rootfs::volume_disk::VolumeBind::external_key(index)
+        ));
+        out.push("--external".into());
+        out.push(mapping);
+    }
     out
 }
 
@@ -384,6 +398,15 @@ fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
             out.push("--external".into());
             out.push(mapping);
         }
+    }
+    for (index, bind) in args.volumes.iter().enumerate() {
+        let mut mapping = OsString::from(format!(
+            "mnt[{}]:",
+            crate::rootfs::volume_disk::VolumeBind::external_key(index)
+        ));
+        mapping.push(&bind.source);
+        out.push("--external".into());
+        out.push(mapping);
     }
     out.push("--inherit-fd".into());
     out.push(format!("fd[{NETNS_FD}]:{NETNS_KEY}").into());
@@ -486,6 +509,7 @@ mod tests {
         let args = DumpArgs {
             init_pid: 42,
             freezer_cgroup: Path::new("/sys/fs/cgroup/freezer/warren/x"),
+            volume_targets: &[PathBuf::from("/mnt/data")],
             images: Path::new("/i"),
             log: Path::new("/l"),
         };
@@ -500,6 +524,7 @@ mod tests {
         assert!(joined.contains("--network-lock skip"));
         assert!(joined.contains("--leave-running"));
         assert!(joined.contains("--external mnt[/proc/meminfo]:lxcfs-proc-meminfo"));
+        assert!(joined.contains("--external mnt[/mnt/data]:volume-0"));
         assert!(
             !joined.contains("cpuinfo"),
             "only the mounts the sandbox has"

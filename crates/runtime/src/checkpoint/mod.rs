@@ -65,6 +65,9 @@ pub struct DumpTarget<'a> {
     pub upper: &'a Path,
     /// The read-only layers below it, top-most first; a restore must use the same ones.
     pub layers: &'a [PathBuf],
+    /// Where volumes are mounted inside the sandbox, in spec order: declared external to CRIU, so
+    /// their contents stay out of the checkpoint.
+    pub volume_targets: &'a [PathBuf],
 }
 
 /// A new sandbox whose resources exist but whose processes do not yet.
@@ -87,6 +90,8 @@ pub struct RestoreTarget<'a> {
     pub image_cache: Option<&'a Path>,
     /// The host's lxcfs mount (see [`crate::rootfs::lxcfs`]).
     pub lxcfs: Option<&'a Path>,
+    /// Volumes to bind again where the checkpoint had them (never part of the checkpoint).
+    pub volumes: &'a [crate::rootfs::volume_disk::VolumeBind],
 }
 
 /// Timings of one dump, for logs and benchmarks.
@@ -183,6 +188,7 @@ impl Checkpointer {
             let dumped = criu.dump(&criu::DumpArgs {
                 init_pid: target.init_pid,
                 freezer_cgroup: target.freezer.dir(),
+                volume_targets: target.volume_targets,
                 images: &images,
                 log: &atomic.path().join("dump.log"),
             });
@@ -337,6 +343,7 @@ impl Checkpointer {
             netns: &netns,
             cgroup_procs: target.cgroup_procs,
             lxcfs: target.lxcfs,
+            volumes: target.volumes,
         });
         let criu_time = criu_started.elapsed();
         // The decompressed images are a copy; the checkpoint keeps the originals.

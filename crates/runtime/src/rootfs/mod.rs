@@ -8,5 +8,6 @@ pub mod layer_disk;
 pub mod loop_device;
 pub mod lxcfs;
 pub mod sandbox_mounts;
+pub mod volume_disk;
 
 pub use layer_disk::LayerDisk;

@@ -266,6 +266,32 @@ pub fn attach_lxcfs(files: &[(&str, OwnedFd)]) -> Result<(), MountError> {
     Ok(())
 }
 
+/// Attaches each volume (`trees`: its target inside the sandbox and a detached clone of the host's
+/// mount of it, made before the pivot) at its target, making the directory when it is missing.
+/// Runs after the pivot and after /proc is masked: the target resolves in the sandbox's own tree, and
+/// a target that resolves into /proc, /sys or /dev (a symlink in the template) is refused.
+pub fn attach_volumes(trees: &[(PathBuf, OwnedFd)]) -> Result<(), MountError> {
+    for (target, tree) in trees {
+        let dir = ensure_dir(target)?;
+        let real = std::fs::canonicalize(&dir).map_err(prepare_err(&dir))?;
+        if ["/proc", "/sys", "/dev"]
+            .iter()
+            .any(|kernel| real.starts_with(kernel))
+            || real == Path::new("/")
+        {
+            return Err(MountError::Prepare {
+                path: target.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("resolves to {}, where no volume may go", real.display()),
+                ),
+            });
+        }
+        attach(tree, &real)?;
+    }
+    Ok(())
+}
+
 /// Attaches the detached mount `tree` at `target`.
 fn attach(tree: &OwnedFd, target: &Path) -> Result<(), MountError> {
     let c_target = std::ffi::CString::new(target.as_os_str().as_encoded_bytes())

@@ -53,6 +53,14 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
         .as_deref()
         .map(crate::rootfs::lxcfs::open_files)
         .unwrap_or_default();
+    let volume_trees = config
+        .volumes
+        .iter()
+        .map(|bind| {
+            sandbox_mounts::open_tree_clone(&bind.source).map(|tree| (bind.target.clone(), tree))
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(chain)?;
     // From here on the host's tree is out of reach: the sandbox's own (hostile) tree is only walked
     // after the pivot.
     sandbox_mounts::pivot_into(&config.rootfs).map_err(chain)?;
@@ -61,6 +69,8 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     sandbox_mounts::mask_proc().map_err(chain)?;
     sandbox_mounts::attach_lxcfs(&lxcfs_files).map_err(chain)?;
     drop(lxcfs_files);
+    sandbox_mounts::attach_volumes(&volume_trees).map_err(chain)?;
+    drop(volume_trees);
     super::run::phase("init rootfs ready");
     redirect_stdio()?;
 

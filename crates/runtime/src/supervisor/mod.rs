@@ -74,6 +74,10 @@ pub struct SupervisorConfig {
     /// The host's lxcfs mount, whose files the init binds over /proc (see [`crate::rootfs::lxcfs`]).
     #[serde(default)]
     pub lxcfs: Option<PathBuf>,
+    /// Volumes bound into the sandbox (a fresh start attaches them; a restore maps CRIU's external
+    /// mounts `volume-<n>` back to them, in this order).
+    #[serde(default)]
+    pub volumes: Vec<crate::rootfs::volume_disk::VolumeBind>,
 }
 
 /// How the supervisor restores a checkpoint (whose writable layer the runtime already unpacked).

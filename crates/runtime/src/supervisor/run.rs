@@ -160,6 +160,7 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         work_dir: &plan.work_dir,
         image_cache: plan.image_cache.as_deref(),
         lxcfs: config.lxcfs.as_deref(),
+        volumes: &config.volumes,
     };
     let restored = checkpointer
         .restore_processes(&plan.checkpoint, &manifest, &target)

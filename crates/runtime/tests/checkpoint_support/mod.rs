@@ -271,6 +271,7 @@ impl TestSandbox {
             freezer: self.freezer(),
             upper: &self.upper,
             layers: &self.layers,
+            volume_targets: &[],
         }
     }
 
@@ -360,6 +361,7 @@ impl TestSandbox {
             work_dir: &work,
             image_cache: None,
             lxcfs: None,
+            volumes: &[],
         };
         let restored = checkpointer.restore(checkpoint, &upper, &target)?;
         self.init_pid = restored.init_pid;

@@ -120,6 +120,7 @@ pub fn spec(id: &str, layers: Vec<PathBuf>, resources: Resources) -> SandboxSpec
         resources,
         network: NetworkSpec::default(),
         syscalls: Default::default(),
+        volumes: Vec::new(),
     }
 }
 

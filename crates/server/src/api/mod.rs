@@ -12,6 +12,7 @@ mod secrets;
 mod snapshots;
 mod teams;
 mod templates;
+mod volumes;
 mod webhooks;
 mod workspaces;
 
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .merge(templates::router())
         .merge(teams::router())
         .merge(workspaces::router())
+        .merge(volumes::router())
         .merge(meta::router())
         .merge(crate::dashboard::router())
         .fallback(|| async { error::ApiError::not_found("no such endpoint") })

@@ -206,11 +206,7 @@ fn create_request(
         ));
     }
     let mut unsupported: Vec<&str> = Vec::new();
-    for (name, value) in [
-        ("mcp", &body.mcp),
-        ("iam", &body.iam),
-        ("volumeMounts", &body.volume_mounts),
-    ] {
+    for (name, value) in [("mcp", &body.mcp), ("iam", &body.iam)] {
         if value.as_ref().is_some_and(|v| !v.is_null()) {
             unsupported.push(name);
         }
@@ -221,6 +217,14 @@ fn create_request(
             unsupported.join(", ")
         )));
     }
+    let volume_mounts: Vec<api::SandboxVolumeMount> = match &body.volume_mounts {
+        None | Some(serde_json::Value::Null) => Vec::new(),
+        Some(value) => serde_json::from_value(value.clone()).map_err(|e| {
+            ApiError::bad_request(format!(
+                "volumeMounts must be a list of {{name, path}}: {e}"
+            ))
+        })?,
+    };
     let egress = match body.network.as_ref() {
         Some(network) => egress_rules(
             network.allow_out.as_deref(),
@@ -253,6 +257,7 @@ fn create_request(
         metadata: body.metadata.unwrap_or_default(),
         env_vars: body.env_vars.unwrap_or_default(),
         policies: checked_policies(body.policies.unwrap_or_default())?,
+        volume_mounts,
     })
 }
 

@@ -236,6 +236,15 @@ impl Lifecycle {
         let snapshot_id = format!("{SNAPSHOT_ID_PREFIX}{}", random_suffix());
         let dir = self.config().snapshots_dir().join(&snapshot_id);
         let (_held, source) = self.lock_live(id).await?;
+        if !source.volumes.is_empty() {
+            // A sandbox started from the snapshot would have no volumes to bind where the
+            // checkpoint's processes expect them (docs/volumes.md).
+            let names: Vec<&str> = source.volumes.iter().map(|v| v.name.as_str()).collect();
+            return Err(LifecycleError::BadRequest(format!(
+                "sandbox {id} mounts volumes ({}); snapshots of sandboxes with volumes are not supported",
+                names.join(", ")
+            )));
+        }
         let layers = self.layers_of(&source).await?;
         let size_bytes = self
             .checkpoint_running(&source, &dir, &format!("snapshot {snapshot_id}"), memory)

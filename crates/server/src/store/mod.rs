@@ -9,6 +9,7 @@ mod sqlite_metrics;
 mod sqlite_secrets;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
+mod sqlite_volumes;
 mod sqlite_workspaces;
 
 use std::collections::BTreeMap;
@@ -76,6 +77,9 @@ pub enum StoreError {
     },
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: String },
+    /// A row with this unique name exists already.
+    #[error("{what} named {name:?} exists already")]
+    Duplicate { what: &'static str, name: String },
     /// The row was not in the state the caller expected (someone else moved it first).
     #[error("sandbox {id} is {actual}, expected {expected}")]
     StateConflict {
@@ -281,6 +285,9 @@ pub struct SandboxRecord {
     pub policies: warren_proto::api::SandboxPolicies,
     /// How the proxy talks to the sandbox's ports.
     pub ingress: SandboxIngress,
+    /// The volumes mounted into the sandbox (create's `volumeMounts`), kept through pause, resume and
+    /// fork.
+    pub volumes: Vec<SandboxVolume>,
     pub ip: Option<Ipv4Addr>,
     pub init_pid: Option<u32>,
     pub pause_kind: Option<PauseKind>,
@@ -288,6 +295,37 @@ pub struct SandboxRecord {
     pub started_at: Millis,
     pub end_at: Millis,
     pub updated_at: Millis,
+}
+
+/// A team's volume: a persistent ext4 image (docs/volumes.md).
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeRecord {
+    pub id: String,
+    pub team_id: String,
+    pub name: String,
+    /// Bearer token of the `/volumecontent` API.
+    pub token: String,
+    pub size_mib: u64,
+    pub created_at: Millis,
+}
+
+/// One volume mounted into a sandbox, as the sandbox record keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SandboxVolume {
+    pub volume_id: String,
+    pub name: String,
+    /// Where the volume appears inside the sandbox (absolute).
+    pub path: String,
+}
+
+/// What deleting a volume did ([`Store::delete_volume`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum VolumeDeletion {
+    Deleted,
+    NotFound,
+    /// Sandboxes that are not killed or failed mount it; nothing was deleted.
+    InUse(Vec<String>),
 }
 
 /// A user's workspace: the sandbox they are on now (`None` before the first one is made).
@@ -620,6 +658,20 @@ pub trait Store: Send + Sync {
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).
+    /// Stores a new volume; [`StoreError::Duplicate`] when the team has one of that name.
+    async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError>;
+    /// The volume with this id, whatever its team (the content API checks the token instead).
+    async fn get_volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError>;
+    async fn get_volume_by_name(
+        &self,
+        team_id: &str,
+        name: &str,
+    ) -> Result<Option<VolumeRecord>, StoreError>;
+    async fn list_volumes(&self, team_id: &str) -> Result<Vec<VolumeRecord>, StoreError>;
+    /// Deletes the volume's row unless a sandbox that is not killed or failed mounts it (checked in
+    /// the same transaction).
+    async fn delete_volume(&self, id: &str) -> Result<VolumeDeletion, StoreError>;
+
     async fn insert_sandbox(&self, sandbox: &SandboxRecord) -> Result<(), StoreError>;
     async fn get_sandbox(&self, id: &str) -> Result<Option<SandboxRecord>, StoreError>;
     async fn list_sandboxes(

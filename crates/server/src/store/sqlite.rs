@@ -15,11 +15,11 @@ use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
 
 use super::{
     sqlite_logs, sqlite_metrics, sqlite_secrets, sqlite_snapshots, sqlite_template_builds,
-    sqlite_workspaces, ApiKeyRecord, BuildRecord, BuildSandboxEvent, ChecksumStatus, EventQuery,
-    IdempotencyClaim, LifecycleEvent, LogQuery, MetricSample, Millis, PauseKind, SandboxEvent,
-    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, SnapshotFilter, SnapshotRecord,
-    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, WebhookRecord,
-    WorkspaceMove, WorkspaceRecord,
+    sqlite_volumes, sqlite_workspaces, ApiKeyRecord, BuildRecord, BuildSandboxEvent,
+    ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent, LogQuery, MetricSample, Millis,
+    PauseKind, SandboxEvent, SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate, VolumeDeletion, VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::{Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy};
@@ -274,6 +274,12 @@ fn sandbox_from_row(row: &SqliteRow) -> Result<SandboxRecord, StoreError> {
                 serde_json::from_str(&text).map_err(|e| corrupt("sandbox ingress", &id, e))?
             }
             None => Default::default(),
+        },
+        volumes: match row.try_get::<Option<String>, _>("volume_mounts")? {
+            Some(text) => {
+                serde_json::from_str(&text).map_err(|e| corrupt("sandbox volume mounts", &id, e))?
+            }
+            None => Vec::new(),
         },
         ip,
         init_pid: row
@@ -802,14 +808,38 @@ impl Store for SqliteStore {
         sqlite_template_builds::fail_unfinished_builds(&self.pool, reason, now).await
     }
 
+    async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError> {
+        sqlite_volumes::insert(&self.pool, volume).await
+    }
+
+    async fn get_volume(&self, id: &str) -> Result<Option<VolumeRecord>, StoreError> {
+        sqlite_volumes::get(&self.pool, id).await
+    }
+
+    async fn get_volume_by_name(
+        &self,
+        team_id: &str,
+        name: &str,
+    ) -> Result<Option<VolumeRecord>, StoreError> {
+        sqlite_volumes::get_by_name(&self.pool, team_id, name).await
+    }
+
+    async fn list_volumes(&self, team_id: &str) -> Result<Vec<VolumeRecord>, StoreError> {
+        sqlite_volumes::list(&self.pool, team_id).await
+    }
+
+    async fn delete_volume(&self, id: &str) -> Result<VolumeDeletion, StoreError> {
+        sqlite_volumes::delete(&self.pool, id).await
+    }
+
     async fn insert_sandbox(&self, s: &SandboxRecord) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
         sqlx::query(
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress, policies, ingress, auto_pause_memory) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress, policies, ingress, auto_pause_memory, volume_mounts) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -839,6 +869,7 @@ impl Store for SqliteStore {
         .bind((s.policies != Default::default()).then(|| to_json(&s.policies)))
         .bind((!s.ingress.is_default()).then(|| to_json(&s.ingress)))
         .bind(s.auto_pause_memory)
+        .bind((!s.volumes.is_empty()).then(|| to_json(&s.volumes)))
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -1175,6 +1206,7 @@ async fn insert_event(
 mod tests {
     use super::*;
     use crate::store::LogLevel;
+    use crate::store::SandboxVolume;
     use crate::store::DEFAULT_TEAM;
 
     fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
@@ -1203,6 +1235,7 @@ mod tests {
             egress: EgressRules::default(),
             policies: Default::default(),
             ingress: Default::default(),
+            volumes: Vec::new(),
             ip: None,
             init_pid: None,
             pause_kind: None,
@@ -1601,5 +1634,94 @@ mod tests {
             .unwrap();
         let now = store.get_template("tpl1").await.unwrap().unwrap();
         assert_eq!((now.policies, now.build_id.as_str()), (policies, "b2"));
+    }
+
+    fn volume(id: &str, team: &str, name: &str) -> VolumeRecord {
+        VolumeRecord {
+            id: id.to_string(),
+            team_id: team.to_string(),
+            name: name.to_string(),
+            token: format!("token-{id}"),
+            size_mib: 64,
+            created_at: 7,
+        }
+    }
+
+    #[tokio::test]
+    async fn volume_names_are_unique_per_team_and_rows_round_trip() {
+        let (store, _dir) = store().await;
+        let first = volume("v1", DEFAULT_TEAM, "data");
+        store.insert_volume(&first).await.unwrap();
+        let duplicate = store
+            .insert_volume(&volume("v2", DEFAULT_TEAM, "data"))
+            .await;
+        assert!(
+            matches!(duplicate, Err(StoreError::Duplicate { ref name, .. }) if name == "data"),
+            "{duplicate:?}"
+        );
+        // Another team may use the same name.
+        store
+            .insert_volume(&volume("v3", "other", "data"))
+            .await
+            .unwrap();
+        assert_eq!(store.get_volume("v1").await.unwrap(), Some(first.clone()));
+        assert_eq!(
+            store
+                .get_volume_by_name(DEFAULT_TEAM, "data")
+                .await
+                .unwrap(),
+            Some(first.clone())
+        );
+        assert_eq!(
+            store.get_volume_by_name("nobody", "data").await.unwrap(),
+            None
+        );
+        let listed = store.list_volumes(DEFAULT_TEAM).await.unwrap();
+        assert_eq!(listed, vec![first]);
+        assert_eq!(store.list_volumes("other").await.unwrap().len(), 1);
+    }
+
+    #[tokio::test]
+    async fn a_volume_a_live_sandbox_mounts_is_not_deleted() {
+        let (store, _dir) = store().await;
+        store
+            .insert_volume(&volume("v1", DEFAULT_TEAM, "data"))
+            .await
+            .unwrap();
+        let mut user = sandbox("sb1", 1);
+        user.volumes = vec![SandboxVolume {
+            volume_id: "v1".to_string(),
+            name: "data".to_string(),
+            path: "/mnt/data".to_string(),
+        }];
+        store.insert_sandbox(&user).await.unwrap();
+        assert_eq!(
+            store.get_sandbox("sb1").await.unwrap().unwrap().volumes,
+            user.volumes
+        );
+        assert_eq!(
+            store.delete_volume("v1").await.unwrap(),
+            VolumeDeletion::InUse(vec!["sb1".to_string()])
+        );
+        assert!(store.get_volume("v1").await.unwrap().is_some());
+        store
+            .transition_sandbox(
+                "sb1",
+                SandboxState::Creating,
+                SandboxState::Killed,
+                &TransitionUpdate::default(),
+                5,
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            store.delete_volume("v1").await.unwrap(),
+            VolumeDeletion::Deleted
+        );
+        assert_eq!(
+            store.delete_volume("v1").await.unwrap(),
+            VolumeDeletion::NotFound
+        );
+        assert!(store.get_volume("v1").await.unwrap().is_none());
     }
 }

@@ -127,6 +127,7 @@ impl FakeRuntime {
             },
             network: Default::default(),
             syscalls: Default::default(),
+            volumes: Vec::new(),
         };
         self.create(&spec).unwrap();
     }

@@ -47,6 +47,29 @@ pub async fn send(
         }
         None => Bytes::new(),
     };
+    send_request(client, request, body).await
+}
+
+/// A request with a raw body (uploads).
+pub async fn send_bytes(
+    method: Method,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Answer {
+    let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+    let mut request = Request::builder().method(method).uri(url);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    send_request(client, request, body).await
+}
+
+async fn send_request(
+    client: Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>>,
+    request: hyper::http::request::Builder,
+    body: Bytes,
+) -> Answer {
     let response = client
         .request(request.body(Full::new(body)).unwrap())
         .await

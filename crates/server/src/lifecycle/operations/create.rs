@@ -39,6 +39,8 @@ pub struct CreateRequest {
     pub env_vars: BTreeMap<String, String>,
     /// The sandbox's own monitor policies.
     pub policies: warren_proto::api::SandboxPolicies,
+    /// `volumeMounts`: the team's volumes (by name) and where they go.
+    pub volume_mounts: Vec<warren_proto::api::SandboxVolumeMount>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -162,6 +164,17 @@ impl Lifecycle {
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
         let timeout = self.timeout_millis(request.timeout)?;
+        let volumes = crate::volumes::resolve_mounts(
+            self.store.as_ref(),
+            &request.team_id,
+            &request.volume_mounts,
+        )
+        .await
+        .map_err(|error| match error {
+            crate::volumes::VolumeError::BadRequest(message) => LifecycleError::BadRequest(message),
+            crate::volumes::VolumeError::Store(error) => LifecycleError::Store(error),
+            other => LifecycleError::BadRequest(other.to_string()),
+        })?;
         let source = self
             .start_source(&request.team_id, &request.template)
             .await?;
@@ -192,6 +205,7 @@ impl Lifecycle {
             traffic_access_token: request.private_traffic.then(new_access_token),
             egress: request.egress,
             ingress: request.ingress,
+            volumes,
             policies: crate::lifecycle::monitor::merge_policies(&source.policies, request.policies),
             ip: None,
             init_pid: None,

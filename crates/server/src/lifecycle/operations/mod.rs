@@ -531,6 +531,25 @@ impl Lifecycle {
             },
             network,
             syscalls: Default::default(),
+            volumes: record
+                .volumes
+                .iter()
+                .filter_map(|mount| {
+                    let disk = warren_runtime::rootfs::volume_disk::VolumeDisk::at(
+                        &self.config.state_dir.join(crate::volumes::VOLUMES_DIR),
+                        &mount.volume_id,
+                    )
+                    .ok()?;
+                    // The runtime refuses a volume that is not mounted; the error says which.
+                    if let Err(error) = disk.ensure_mounted() {
+                        tracing::warn!(volume = %mount.volume_id, %error, "cannot mount volume");
+                    }
+                    Some(warren_runtime::rootfs::volume_disk::VolumeBind {
+                        source: disk.mount_point,
+                        target: PathBuf::from(&mount.path),
+                    })
+                })
+                .collect(),
         }
     }
 }

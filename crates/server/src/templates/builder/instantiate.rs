@@ -53,6 +53,7 @@ pub fn start_sandbox(
         resources,
         network,
         syscalls: Default::default(),
+        volumes: Vec::new(),
     };
     let runtime_err = |source| InstantiateError::Runtime {
         id: id.to_string(),

@@ -477,6 +477,7 @@ impl<'a> TemplateBuilder<'a> {
                         egress: Default::default(),
                     },
                     syscalls: Default::default(),
+                    volumes: Vec::new(),
                 };
                 let sandbox = self
                     .create_sandbox(&spec, &step.id, job)?
@@ -745,6 +746,7 @@ impl<'a> TemplateBuilder<'a> {
             syscalls: warren_runtime::seccomp::SyscallPolicy {
                 allow_io_uring: plan.privileges.io_uring,
             },
+            volumes: Vec::new(),
         };
         let sandbox = self
             .create_sandbox(&spec, FINALIZE_STEP, job)?
