@@ -142,3 +142,23 @@ def test_a_strict_pause_of_a_responding_sandbox_goes_ahead(sdk_env):
         assert resumed.files.read("/home/user/strict.txt") == "x"
     finally:
         Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_a_filesystem_pause_keeps_the_volume_mounted_after_the_boot(sdk_env):
+    import uuid
+
+    from e2b import Sandbox, Volume
+
+    volume = Volume.create(f"wt-fs-{uuid.uuid4().hex[:8]}")
+    sandbox = Sandbox.create(template="base", timeout=300, volume_mounts={"/mnt/vol": volume})
+    try:
+        sandbox.commands.run("echo on-the-volume > /mnt/vol/v.txt")
+        assert sandbox.pause(mode="filesystem")
+        booted = Sandbox.connect(sandbox.sandbox_id, timeout=300)
+        assert booted.commands.run("cat /mnt/vol/v.txt").stdout == "on-the-volume\n"
+        # The volume is the same one, not a copy in the runtime layer: a write shows in the content API.
+        booted.commands.run("echo after-boot > /mnt/vol/w.txt")
+        assert volume.read_file("/w.txt") == "after-boot\n"
+    finally:
+        Sandbox.kill(sandbox.sandbox_id)
+        Volume.destroy(volume.volume_id)

@@ -210,10 +210,11 @@ enum Exports {
 /// What a client should `export`; a listener on all interfaces is reached at 127.0.0.1 from here.
 fn export_lines(mode: &Exports, first_key: Option<&str>) -> String {
     let mut out = match mode {
+        // The SDK's volume content client takes its own URL (else https://api.<domain>).
         Exports::Urls { api, proxy, scheme } => format!(
-            "export E2B_API_URL={}\nexport E2B_SANDBOX_URL={}\n",
-            local_url(*api, *scheme),
-            local_url(*proxy, *scheme)
+            "export E2B_API_URL={api}\nexport E2B_SANDBOX_URL={}\nexport E2B_VOLUME_API_URL={api}\n",
+            local_url(*proxy, *scheme),
+            api = local_url(*api, *scheme),
         ),
         Exports::Domain { domain, proxy_port } => {
             let mut out = format!("export E2B_DOMAIN={domain}\n");
@@ -295,14 +296,14 @@ mod tests {
         };
         assert_eq!(
             export_lines(&plain, Some("e2b_x")),
-            "export E2B_API_URL=http://127.0.0.1:3000\nexport E2B_SANDBOX_URL=http://127.0.0.1:3001\nexport E2B_API_KEY=e2b_x\n"
+            "export E2B_API_URL=http://127.0.0.1:3000\nexport E2B_SANDBOX_URL=http://127.0.0.1:3001\nexport E2B_VOLUME_API_URL=http://127.0.0.1:3000\nexport E2B_API_KEY=e2b_x\n"
         );
         let without = export_lines(&plain, None);
         assert!(
             without
                 .lines()
-                .nth(2)
-                .expect("third line")
+                .nth(3)
+                .expect("fourth line")
                 .starts_with("# E2B_API_KEY"),
             "{without}"
         );
