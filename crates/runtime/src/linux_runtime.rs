@@ -483,6 +483,25 @@ impl LinuxRuntime {
         record
     }
 
+    /// What a dump of sandbox `id` into `dest` reads from: its freezer and its runtime layer. `dest`
+    /// may not lie inside the sandbox's own directory (its teardown would take the checkpoint along).
+    fn dump_sources(
+        &self,
+        id: &str,
+        dest: &Path,
+    ) -> Result<(FreezerCgroup, PathBuf), RuntimeError> {
+        let dir = self.sandbox_dir(id);
+        if dest.starts_with(&dir) {
+            return Err(RuntimeError::InvalidSpec(format!(
+                "checkpoint destination {} lies inside the sandbox's own directory",
+                dest.display()
+            )));
+        }
+        let freezer =
+            FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
+        Ok((freezer, LayerDisk::at(&dir).upper()))
+    }
+
     /// Makes the new sandbox's directory and starts it; on failure whatever was made goes again.
     fn start_new(&self, spec: &SandboxSpec, start: Start<'_>) -> Result<Sandbox, RuntimeError> {
         let dir = self.sandbox_dir(&spec.id);
@@ -1034,16 +1053,7 @@ impl Runtime for LinuxRuntime {
                     .to_string(),
             )));
         }
-        let dir = self.sandbox_dir(id);
-        if dest.starts_with(&dir) {
-            return Err(RuntimeError::InvalidSpec(format!(
-                "checkpoint destination {} lies inside the sandbox's own directory",
-                dest.display()
-            )));
-        }
-        let freezer =
-            FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
-        let upper = LayerDisk::at(&dir).upper();
+        let (freezer, upper) = self.dump_sources(id, dest)?;
         let volume_targets: Vec<PathBuf> = record
             .volumes
             .iter()
@@ -1139,16 +1149,7 @@ impl Runtime for LinuxRuntime {
         leave_running: bool,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let record = self.live_record(id)?;
-        let dir = self.sandbox_dir(id);
-        if dest.starts_with(&dir) {
-            return Err(RuntimeError::InvalidSpec(format!(
-                "checkpoint destination {} lies inside the sandbox's own directory",
-                dest.display()
-            )));
-        }
-        let freezer =
-            FreezerCgroup::at(&self.cgroup(id).freezer_dir()).map_err(checkpoint_error)?;
-        let upper = LayerDisk::at(&dir).upper();
+        let (freezer, upper) = self.dump_sources(id, dest)?;
         let target = DumpTarget {
             sandbox_id: id,
             ip: record.ip,

@@ -118,20 +118,9 @@ impl Lifecycle {
                 let sandbox = match restored {
                     Ok(sandbox) => sandbox,
                     Err(source) => {
-                        self.transition(
-                            record,
-                            SandboxState::Paused,
-                            TransitionUpdate {
-                                reason: Some(format!("restore failed: {source}")),
-                                ..TransitionUpdate::default()
-                            },
-                        )
-                        .await?;
-                        return Err(LifecycleError::Runtime {
-                            action: "restore",
-                            id,
-                            source,
-                        });
+                        return Err(self
+                            .stay_paused(record, "restore", "restore failed", source)
+                            .await);
                     }
                 };
                 let token = record.envd_access_token.clone();
@@ -188,22 +177,9 @@ impl Lifecycle {
                         self.fail(record, "lost while paused".to_string()).await;
                         Err(LifecycleError::NotFound(record.id.clone()))
                     }
-                    Err(source) => {
-                        self.transition(
-                            record,
-                            SandboxState::Paused,
-                            TransitionUpdate {
-                                reason: Some(format!("thaw failed: {source}")),
-                                ..TransitionUpdate::default()
-                            },
-                        )
-                        .await?;
-                        Err(LifecycleError::Runtime {
-                            action: "thaw",
-                            id: record.id.clone(),
-                            source,
-                        })
-                    }
+                    Err(source) => Err(self
+                        .stay_paused(record, "thaw", "thaw failed", source)
+                        .await),
                 }
             }
         }
@@ -236,20 +212,14 @@ impl Lifecycle {
                     .await
                 {
                     remove_snapshot(&dir).await;
-                    self.transition(
-                        record,
-                        SandboxState::Paused,
-                        TransitionUpdate {
-                            reason: Some(format!("saving the files to reboot failed: {source}")),
-                            ..TransitionUpdate::default()
-                        },
-                    )
-                    .await?;
-                    return Err(LifecycleError::Runtime {
-                        action: "save the files of",
-                        id: record.id.clone(),
-                        source,
-                    });
+                    return Err(self
+                        .stay_paused(
+                            record,
+                            "save the files of",
+                            "saving the files to reboot failed",
+                            source,
+                        )
+                        .await);
                 }
                 self.transition(
                     record,
@@ -309,17 +279,9 @@ impl Lifecycle {
         let sandbox = match booted {
             Ok(sandbox) => sandbox,
             Err(source) => {
-                self.transition(
-                    record,
-                    SandboxState::Paused,
-                    back_to_paused(format!("boot from the saved files failed: {source}")),
-                )
-                .await?;
-                return Err(LifecycleError::Runtime {
-                    action: "boot",
-                    id: record.id.clone(),
-                    source,
-                });
+                return Err(self
+                    .stay_paused(record, "boot", "boot from the saved files failed", source)
+                    .await)
             }
         };
         let started = match self
@@ -364,5 +326,29 @@ impl Lifecycle {
         // Superseded by the running sandbox (a later pause saves it again).
         remove_snapshot(&dir).await;
         Ok(())
+    }
+
+    /// A resume that did not happen: the sandbox goes back to `paused` (its checkpoint, frozen tree
+    /// or saved files untouched) with `what` and the runtime's error as the reason, and the runtime's failure to `action` it is the
+    /// answer (or the store's failure to record that).
+    async fn stay_paused(
+        &self,
+        record: &mut SandboxRecord,
+        action: &'static str,
+        what: &str,
+        source: RuntimeError,
+    ) -> LifecycleError {
+        let update = TransitionUpdate {
+            reason: Some(format!("{what}: {source}")),
+            ..TransitionUpdate::default()
+        };
+        match self.transition(record, SandboxState::Paused, update).await {
+            Ok(()) => LifecycleError::Runtime {
+                action,
+                id: record.id.clone(),
+                source,
+            },
+            Err(error) => error,
+        }
     }
 }
