@@ -128,7 +128,7 @@ export function detailPage(root: HTMLElement, id: string, initial: Tab): void {
         stopTab = polled(panel, () => processesView(id, () => void 0));
         break;
       case "logs":
-        stopTab = polled(panel, () => logsView(id));
+        stopTab = logsTab(panel, id);
         break;
       case "events":
         stopTab = polled(panel, () => eventsView(id));
@@ -238,12 +238,62 @@ async function processesView(id: string, _changed: () => void): Promise<Node> {
   );
 }
 
-async function logsView(id: string): Promise<Node> {
-  const body = await json<{ logs: { timestamp: string; message: string; level: string }[] }>("GET", `/v2/sandboxes/${id}/logs?limit=1000`);
-  const text = body.logs.map((l) => `${l.timestamp} ${l.level.padEnd(5)} ${l.message}`).join("\n");
-  const pre = h("pre", { class: "log", id: "sandbox-logs", tabindex: 0, "aria-label": "Logs" }, text || "(no log lines yet)");
-  requestAnimationFrame(() => (pre.scrollTop = pre.scrollHeight));
-  return pre;
+interface LogEntry {
+  timestamp: string;
+  level: string;
+  message: string;
+}
+
+/// Lines kept in the panel; older ones leave from the top.
+const MAX_LOG_LINES = 5000;
+
+/// The sandbox's log, live: the server pushes new lines over server-sent events (the newest 1,000
+/// first). After a dropped connection the browser reconnects by itself and the server continues
+/// after the last event it sent (`Last-Event-ID`).
+function logsTab(panel: HTMLElement, id: string): () => void {
+  const status = h("p", { role: "status", class: "muted", id: "logs-status" }, "connecting…");
+  const pre = h("pre", { class: "log", id: "sandbox-logs", tabindex: 0, "aria-label": "Logs" });
+  panel.replaceChildren(status, pre);
+  const chunks: { node: Text; lines: number }[] = [];
+  let lines = 0;
+  const source = new EventSource(`/dashboard/api/sandboxes/${encodeURIComponent(id)}/logs/stream`);
+  (window as unknown as { warrenLogSource: EventSource }).warrenLogSource = source;
+  const live = () => `live: ${lines} line${lines === 1 ? "" : "s"}`;
+  source.addEventListener("open", () => (status.textContent = live()));
+  source.addEventListener("lines", (event) => {
+    const entries = JSON.parse((event as MessageEvent<string>).data) as LogEntry[];
+    if (entries.length) {
+      const following = pre.scrollHeight - pre.scrollTop - pre.clientHeight < 24;
+      const node = document.createTextNode(entries.map((l) => `${l.timestamp} ${l.level.padEnd(5)} ${l.message}\n`).join(""));
+      pre.append(node);
+      chunks.push({ node, lines: entries.length });
+      lines += entries.length;
+      while (lines - chunks[0].lines >= MAX_LOG_LINES) {
+        const oldest = chunks.shift()!;
+        oldest.node.remove();
+        lines -= oldest.lines;
+      }
+      if (following) pre.scrollTop = pre.scrollHeight;
+    }
+    status.textContent = live();
+  });
+  source.addEventListener("end", () => {
+    source.close();
+    status.textContent = `${lines} lines; the sandbox has ended`;
+  });
+  source.addEventListener("failed", (event) => {
+    source.close();
+    status.textContent = JSON.parse((event as MessageEvent<string>).data) as string;
+    status.className = "error";
+  });
+  source.addEventListener("error", () => {
+    if (source.readyState === EventSource.CONNECTING) status.textContent = "reconnecting…";
+    else if (source.readyState === EventSource.CLOSED && status.className !== "error") {
+      status.textContent = "cannot open the log stream";
+      status.className = "error";
+    }
+  });
+  return () => source.close();
 }
 
 async function eventsView(id: string): Promise<Node> {

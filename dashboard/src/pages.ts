@@ -1,8 +1,8 @@
 // Templates (with a build's log streamed while it runs), snapshots and the fleet view.
 
 import { json, Sandbox, allSandboxes } from "./api";
-import { h, message, stateBadge, time } from "./ui";
-import { onLeave } from "./main";
+import { h, message, percentile, stateBadge, time, timeSeries } from "./ui";
+import { navigate, onLeave } from "./main";
 
 interface Template {
   templateID: string;
@@ -159,12 +159,113 @@ export async function snapshotsPage(root: HTMLElement): Promise<void> {
   }
 }
 
+interface TimedOperation {
+  at: string;
+  operation: "create" | "resume" | "pause";
+  sandboxID: string;
+  ms: number;
+}
+
+interface PolicyNote {
+  timestamp: string;
+  policy: string;
+  sandboxID: string;
+  templateID?: string;
+  message: string;
+}
+
+const operationColors: [TimedOperation["operation"], string][] = [
+  ["create", "#1f6feb"],
+  ["resume", "#2e7d32"],
+  ["pause", "#b26a00"],
+];
+
+/// How long creates, resumes and pauses took over the last hour: a chart and a table of percentiles.
+function latencyView(latency: { since: string; operations: TimedOperation[] }): HTMLElement {
+  // The chart starts shortly before the hour's first operation, so a quiet hour does not squeeze
+  // the points against its right edge.
+  const now = Date.now();
+  const first = Math.min(now, ...latency.operations.map((o) => Date.parse(o.at)));
+  const from = Math.max(Date.parse(latency.since), first - Math.max(10000, (now - first) / 20));
+  const series = operationColors.map(([name, color]) => ({
+    name,
+    color,
+    points: latency.operations.filter((o) => o.operation === name).map((o) => [Date.parse(o.at), o.ms] as [number, number]),
+  }));
+  const ms = (v: number) => (Number.isNaN(v) ? "–" : `${Math.round(v)} ms`);
+  return h(
+    "div",
+    { id: "latency" },
+    timeSeries("Create, resume and pause latency, last hour", series, from, now, "ms", "latency-chart"),
+    h(
+      "table",
+      { id: "latency-table" },
+      h("caption", { class: "sr-only" }, "Latency by operation, last hour"),
+      h("thead", {}, h("tr", {}, ...["Operation", "Count", "p50", "p95", "Max"].map((c) => h("th", { scope: "col" }, c)))),
+      h(
+        "tbody",
+        {},
+        ...series.map((s) => {
+          const values = s.points.map(([, v]) => v);
+          return h(
+            "tr",
+            { "data-operation": s.name },
+            h("th", { scope: "row" }, s.name),
+            h("td", {}, String(values.length)),
+            h("td", {}, ms(percentile(values, 50))),
+            h("td", {}, ms(percentile(values, 95))),
+            h("td", {}, ms(values.length ? Math.max(...values) : NaN)),
+          );
+        }),
+      ),
+    ),
+  );
+}
+
+/// The notes of the fleet-hygiene checks, newest first.
+function policyView(notes: PolicyNote[]): HTMLElement {
+  if (!notes.length) {
+    return h("p", { class: "muted", id: "policy-events-empty" }, "No policy events: no runaway process, OOM kill, memory pressure, nearly full disk, orphans reaped or reconciler fix recorded.");
+  }
+  return h(
+    "table",
+    { id: "policy-events" },
+    h("thead", {}, h("tr", {}, ...["Time", "Policy", "Sandbox", "What"].map((c) => h("th", { scope: "col" }, c)))),
+    h(
+      "tbody",
+      {},
+      ...notes.map((n) =>
+        h(
+          "tr",
+          { "data-policy": n.policy },
+          h("td", {}, time(n.timestamp)),
+          h("td", {}, n.policy),
+          h("td", {}, h("a", { href: `/dashboard/sandboxes/${n.sandboxID}/events`, "data-link": "1" }, n.sandboxID)),
+          h("td", { class: "wrap" }, n.message),
+        ),
+      ),
+    ),
+  );
+}
+
 export function fleetPage(root: HTMLElement): void {
   const body = h("div", {});
   root.replaceChildren(h("h1", {}, "Fleet"), body);
+  body.addEventListener("click", (event) => {
+    const link = (event.target as HTMLElement).closest("a[data-link]") as HTMLAnchorElement | null;
+    if (link) {
+      event.preventDefault();
+      navigate(link.getAttribute("href") ?? "/dashboard/fleet");
+    }
+  });
   const render = async () => {
     try {
-      const [health, sandboxes] = await Promise.all([json<Record<string, unknown>>("GET", "/health"), allSandboxes()]);
+      const [health, sandboxes, latency, notes] = await Promise.all([
+        json<Record<string, unknown>>("GET", "/health"),
+        allSandboxes(),
+        json<{ since: string; operations: TimedOperation[] }>("GET", "/dashboard/api/fleet/latency?minutes=60"),
+        json<PolicyNote[]>("GET", "/dashboard/api/fleet/policy-events?limit=100"),
+      ]);
       const counts = new Map<string, number>();
       for (const s of sandboxes) counts.set(s.state, (counts.get(s.state) ?? 0) + 1);
       const running = sandboxes.filter((s: Sandbox) => s.state === "running");
@@ -180,6 +281,10 @@ export function fleetPage(root: HTMLElement): void {
           stat("vCPUs reserved by running sandboxes", String(vcpus), "reserved-cpu"),
           stat("MiB reserved by running sandboxes", String(memory), "reserved-memory"),
         ),
+        h("h2", {}, "Latency"),
+        latencyView(latency),
+        h("h2", {}, "Policy events"),
+        policyView(notes),
         h("h2", {}, "Node"),
         h(
           "table",

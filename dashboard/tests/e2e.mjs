@@ -3,8 +3,10 @@
 //   WARREN_URL      the API listener (http://127.0.0.1:<port>)
 //   WARREN_KEY      an API key of the team that owns SANDBOX_ID
 //   SANDBOX_ID      a running sandbox created through the API
-//   WARREN_BIN, BUILD_CONTEXT, BUILD_TEMPLATE  (optional) the CLI, and a build context this script
-//                   builds as template BUILD_TEMPLATE when it is ready to watch the build's log
+//   POLICY_SANDBOX_ID  (optional) a sandbox with a runaway and an orphans finding, for the fleet page
+//   WARREN_BIN      the CLI (runs a command whose output the log tail must push)
+//   BUILD_CONTEXT, BUILD_TEMPLATE  (optional) a build context this script builds as template
+//                   BUILD_TEMPLATE when it is ready to watch the build's log
 //   SHOTS_DIR       where the screenshots go (docs/dashboard/)
 // Prints one line per step; exits non-zero at the first failure. Waits are bounded polls on what the
 // page shows, never speed assertions.
@@ -15,12 +17,13 @@ import { spawn } from "node:child_process";
 const base = process.env.WARREN_URL;
 const key = process.env.WARREN_KEY;
 const sandboxId = process.env.SANDBOX_ID;
+const policySandboxId = process.env.POLICY_SANDBOX_ID || "";
 const buildTemplate = process.env.BUILD_TEMPLATE || "";
 const buildContext = process.env.BUILD_CONTEXT || "";
 const warrenBin = process.env.WARREN_BIN || "";
 const shots = process.env.SHOTS_DIR;
 const chromiumPath = process.env.CHROMIUM || "/usr/bin/chromium";
-if (!base || !key || !sandboxId || !shots) throw new Error("WARREN_URL, WARREN_KEY, SANDBOX_ID and SHOTS_DIR are required");
+if (!base || !key || !sandboxId || !shots || !warrenBin) throw new Error("WARREN_URL, WARREN_KEY, SANDBOX_ID, SHOTS_DIR and WARREN_BIN are required");
 mkdirSync(shots, { recursive: true });
 const origin = new URL(base).origin;
 
@@ -140,6 +143,40 @@ try {
   await page.keyboard.type("echo top-done-$((1+1))");
   await page.keyboard.press("Enter");
   await waitForLine("top-done-2", (l) => l.trim() === "top-done-2");
+  await page.keyboard.type("htop");
+  await page.keyboard.press("Enter");
+  await waitForLine("htop's header", (l) => /Load average:/.test(l));
+  await page.keyboard.press("q");
+  await page.keyboard.type("echo htop-done-$((2+2))");
+  await page.keyboard.press("Enter");
+  await waitForLine("htop-done-4", (l) => l.trim() === "htop-done-4");
+
+  step("terminal: a file written and saved in vim");
+  const vimFile = "/tmp/wt-vim.txt";
+  await page.keyboard.type(`vim ${vimFile}`);
+  await page.keyboard.press("Enter");
+  // vim's empty buffer: its lines past the end show as `~`, the file is new.
+  await waitForLine("vim's empty buffer", (l) => l.trim() === "~");
+  await waitForLine("vim's new-file message", (l) => l.includes(vimFile));
+  await page.keyboard.press("i");
+  await page.keyboard.type("typed in vim through the dashboard");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type("second line: 6*7=42");
+  await waitForLine("the typed text in vim", (l) => l.startsWith("second line: 6*7=42"));
+  await page.screenshot({ path: `${shots}/terminal-vim.png` });
+  await page.keyboard.press("Escape");
+  await page.keyboard.type(":wq");
+  await page.keyboard.press("Enter");
+  await page.keyboard.type(`echo vim-exit=$? lines=$(wc -l < ${vimFile})`);
+  await page.keyboard.press("Enter");
+  await waitForLine("vim's exit and the saved file's line count", (l) => l.trim() === "vim-exit=0 lines=2");
+  await page.keyboard.type(`cat ${vimFile}`);
+  await page.keyboard.press("Enter");
+  await waitForLine("the saved text through cat", (l) => l.trim() === "second line: 6*7=42");
+  const saved = await page.request.get(`${base}/dashboard/api/sandboxes/${sandboxId}/files/content?path=${encodeURIComponent(vimFile)}`);
+  check(saved.status() === 200, `reading ${vimFile} through the files API answered ${saved.status()}`);
+  const savedText = await saved.text();
+  check(savedText === "typed in vim through the dashboard\nsecond line: 6*7=42\n", `the file vim saved holds ${JSON.stringify(savedText)}`);
 
   step("terminal: after a dropped connection it reattaches to the same shell");
   await page.keyboard.type("export WT_MARK=kept-$((20+1))");
@@ -178,13 +215,48 @@ try {
   await page.keyboard.press("Enter");
   await waitForLine(`paste=${pasteLines * 100}`, (l) => l.trim() === `paste=${pasteLines * 100}`, 60000);
 
-  step("processes, logs and events tabs");
+  step("processes tab");
   await page.getByRole("tab", { name: "Processes" }).click();
   await page.locator("#process-table tbody tr").first().waitFor();
   await page.screenshot({ path: `${shots}/detail-processes.png` });
+
+  step("logs: a running command's lines are pushed to the open tab");
+  // Every request the page makes for the log from here on: a live tail is one stream, a poll would
+  // be a request every few seconds.
+  const logRequests = [];
+  const countLogRequests = (request) => {
+    if (new URL(request.url()).pathname.includes(`/${sandboxId}/logs`)) logRequests.push(request.url());
+  };
+  page.on("request", countLogRequests);
   await page.getByRole("tab", { name: "Logs" }).click();
-  await page.locator("#sandbox-logs").waitFor();
+  await page.locator("#logs-status", { hasText: "live" }).waitFor({ timeout: 30000 });
+  const logText = async () => (await page.locator("#sandbox-logs").textContent()) ?? "";
+  check(!(await logText()).includes("wt-live-"), "the log shows no wt-live line before the command");
+  // Eight lines, one every 0.7 s: the tail must show the first ones while the command still runs.
+  const printer = spawn(warrenBin, ["sandbox", "exec", sandboxId, "--", "for i in $(seq 1 8); do echo wt-live-$i; sleep 0.7; done"], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let printed = "";
+  printer.stdout.on("data", (d) => (printed += d));
+  printer.stderr.on("data", (d) => (printed += d));
+  const printerEnded = new Promise((resolve) => printer.on("exit", (code) => resolve(code)));
+  let printerDone = false;
+  void printerEnded.then(() => (printerDone = true));
+  await page.waitForFunction(() => (document.querySelector("#sandbox-logs")?.textContent ?? "").includes("wt-live-1"), null, { timeout: 30000 });
+  const firstSeen = await logText();
+  check(!printerDone && !firstSeen.includes("wt-live-8"), `the first line was shown while the command still ran (log: ${firstSeen.slice(-400)})`);
+  await page.waitForFunction(() => (document.querySelector("#sandbox-logs")?.textContent ?? "").includes("wt-live-8"), null, { timeout: 30000 });
+  const printerCode = await printerEnded;
+  check(printerCode === 0, `warren sandbox exec exited ${printerCode}: ${printed}`);
+  const shown = (await logText()).split("\n").filter((l) => / wt-live-\d+$/.test(l)).map((l) => l.split(" ").pop());
+  check(JSON.stringify(shown) === JSON.stringify(["1", "2", "3", "4", "5", "6", "7", "8"].map((n) => `wt-live-${n}`)), `each line once, in order: ${shown.join(", ")}`);
+  const streamOpen = await page.evaluate(() => window.warrenLogSource.readyState === EventSource.OPEN);
+  check(streamOpen, "the log stream is open");
+  check(logRequests.length === 1 && logRequests[0].includes("/logs/stream"), `one stream, no polling: ${logRequests.join(", ")}`);
+  page.off("request", countLogRequests);
   await page.screenshot({ path: `${shots}/detail-logs.png` });
+
+  step("events tab");
   await page.getByRole("tab", { name: "Events" }).click();
   await page.locator("#event-table tbody tr").first().waitFor();
   await page.screenshot({ path: `${shots}/detail-events.png` });
@@ -216,14 +288,20 @@ try {
     }
   };
 
-  step("pause and resume from the buttons");
+  step("pause and resume from the buttons, the log tail open");
+  // The tail's long poll holds a connection to the agent while the sandbox is checkpointed; the
+  // state changes are pushed into the open log.
+  await page.getByRole("tab", { name: "Logs" }).click();
+  await page.locator("#logs-status", { hasText: "live" }).waitFor({ timeout: 30000 });
   await page.getByRole("button", { name: "Pause" }).click();
   await actionDone("Pause");
   await page.locator("#sandbox-state", { hasText: "paused" }).waitFor({ timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#sandbox-logs")?.textContent ?? "").includes("sandbox pausing -> paused"), null, { timeout: 30000 });
   await page.screenshot({ path: `${shots}/detail-paused.png` });
   await page.getByRole("button", { name: "Resume" }).click();
   await actionDone("Resume");
   await page.locator("#sandbox-state", { hasText: "running" }).waitFor({ timeout: 30000 });
+  await page.waitForFunction(() => (document.querySelector("#sandbox-logs")?.textContent ?? "").includes("sandbox resuming -> running"), null, { timeout: 30000 });
 
   step("set timeout, fork x2, snapshot");
   const endsBefore = await page.locator("#sandbox-summary dd").nth(3).textContent();
@@ -290,7 +368,27 @@ try {
   await page.screenshot({ path: `${shots}/snapshots.png` });
   await page.goto(`${base}/dashboard/fleet`);
   await page.locator("#count-running").waitFor();
-  await page.screenshot({ path: `${shots}/fleet.png` });
+
+  step("fleet: create and resume latency over time, policy events");
+  // This run created sandboxes (the API, forks) and resumed one from the button.
+  for (const operation of ["create", "resume", "pause"]) {
+    await page.locator(`#latency-chart g[data-series="${operation}"] circle`).first().waitFor({ timeout: 30000 });
+    const p50 = (await page.locator(`#latency-table tr[data-operation="${operation}"] td`).nth(1).textContent()) ?? "";
+    check(/^\d+ ms$/.test(p50), `${operation} p50 shown as milliseconds (${p50})`);
+  }
+  if (policySandboxId) {
+    for (const [policy, text] of [
+      ["runaway_cpu", "runaway process"],
+      ["orphans", "reaped 1 orphaned process(es) (on request)"],
+    ]) {
+      const row = page.locator(`#policy-events tr[data-policy="${policy}"]`, { hasText: policySandboxId });
+      await row.first().waitFor({ timeout: 30000 });
+      check(((await row.first().textContent()) ?? "").includes(text), `the ${policy} event says ${text}`);
+    }
+    const runawayRow = page.locator(`#policy-events tr[data-policy="runaway_cpu"]`, { hasText: policySandboxId }).first();
+    check(((await runawayRow.textContent()) ?? "").includes("killed by the runaway policy"), "the runaway was killed by its policy");
+  }
+  await page.screenshot({ path: `${shots}/fleet.png`, fullPage: true });
 
   step("API keys: make one, see it, revoke it");
   await page.goto(`${base}/dashboard/keys`);
@@ -309,9 +407,10 @@ try {
   check(revokedKey.status() === 401, `the revoked key is refused (${revokedKey.status()})`);
 
   step("the list with 1,000 sandboxes");
-  // The API's answers are replaced by 1,000 made-up rows for this page only (a thousand real
-  // sandboxes do not fit this machine); what is measured is the browser's side: fetching ten pages,
-  // filtering, sorting and rendering. The figure is reported, not asserted.
+  // The API's answers are replaced by 1,000 made-up rows for this page only: what is checked is the
+  // windowed list (few rows in the DOM, sorting, scrolling, filtering). Its speed with 1,000 real
+  // sandboxes is a benchmark (`./warren-bench --only dashboard`); the figure printed here is
+  // reported, not asserted.
   const many = await context.newPage();
   const fakeRows = Array.from({ length: 1000 }, (_, i) => ({
     sandboxID: `i${String(i).padStart(4, "0")}bench`,

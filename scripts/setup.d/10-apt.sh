@@ -10,7 +10,10 @@ pkgs=(build-essential pkg-config python3-venv iproute2 nftables iptables e2fspro
     # an Alpine-like image, zstd for zstd layers (the registry's system service is never enabled).
     docker-registry skopeo umoci busybox-static zstd
     # The dashboard's browser tests (tests/e2e/test_dashboard_e2e.py) drive headless Chromium.
-    chromium)
+    chromium
+    # The store's tests on PostgreSQL (and tests/crash/test_postgres_restart.py) start their own private
+    # cluster with initdb/postgres in a temp dir (docs/cluster.md); the packaged service is not wanted.
+    postgresql)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
@@ -20,4 +23,7 @@ fi
 # Tests start their own registries on free loopback ports; the packaged service is not wanted.
 if [ -d /run/systemd/system ] && systemctl is-enabled docker-registry >/dev/null 2>&1; then
     systemctl disable --now docker-registry || true
+fi
+if [ -d /run/systemd/system ] && systemctl is-enabled postgresql >/dev/null 2>&1; then
+    systemctl disable --now postgresql || true
 fi

@@ -16,13 +16,31 @@ mirror=${WARREN_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 # ~2 ms here, per command).
 # E2B's base template has `python` on PATH (code runs `python script.py`); fresh builds get it from
 # python-is-python3, and an older cached rootfs gets the same link here.
+# A terminal's tools (the dashboard's terminal and `warren sandbox shell`): vim-tiny, as `vi` and `vim`,
+# and htop. Fresh builds get them from mmdebstrap; a rootfs cached by an older setup gets them here,
+# the same Debian 12 packages installed with its own dpkg (only files are added, nothing replaced).
 tune() {
     sed -i 's/"\$(id -u)"/"${EUID:-$(id -u)}"/g' "$1/etc/profile"
     if [ ! -e "$1/usr/bin/python" ] && [ ! -L "$1/usr/bin/python" ]; then
         ln -s python3 "$1/usr/bin/python"
     fi
+    if [ ! -x "$1/usr/bin/vim.tiny" ] || [ ! -x "$1/usr/bin/htop" ]; then
+        local debs
+        debs=$(mktemp -d "$1/tmp/.warren-debs.XXXXXX")
+        get() { (cd "$debs" && apt-get download -qq -o APT::Sandbox::User=root vim-tiny vim-common htop libnl-3-200 libnl-genl-3-200); }
+        get || { apt-get update -qq && get; }
+        chroot "$1" sh -c "dpkg -i /tmp/$(basename "$debs")/*.deb >/dev/null"
+        rm -rf "$debs"
+    fi
+    if [ ! -e "$1/usr/bin/vim" ]; then
+        chroot "$1" update-alternatives --quiet --install /usr/bin/vim vim /usr/bin/vim.tiny 10
+    fi
 }
 
+# E2B's base image has pip and venv, and `fromTemplate("base")` builds expect them: fresh builds include
+# them, so that base step needs no network. A rootfs cached by an older setup is left without them (adding
+# them would upgrade its python3.11 to the mirror's revision, and every running-state template's
+# checkpoint maps that binary): its `fromTemplate("base")` builds install them over apt, as before.
 if [ -f "$dest/$stamp" ]; then
     tune "$dest"
     echo "base rootfs present: $dest"
@@ -37,7 +55,7 @@ mkdir -p "$cache/rootfs"
 tmp=$(mktemp -d "$cache/rootfs/.debian12-base.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 
-packages=python3,python-is-python3,bash,coreutils,procps,iproute2,curl,git,ca-certificates,sudo
+packages=python3,python-is-python3,python3-pip,python3-venv,bash,coreutils,procps,iproute2,curl,git,ca-certificates,sudo,vim-tiny,htop
 # --variant=minbase: essential + apt only; the packages above on top. --mode=root: we run as root, no
 # user namespace needed. The customize hooks create the sandbox user and its sudo rule inside the chroot.
 mmdebstrap --variant=minbase --mode=root --include="$packages" \

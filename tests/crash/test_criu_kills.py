@@ -5,7 +5,9 @@ server's death (issue 16). A sandbox holding 200 MiB keeps the dump and the rest
   resume gives back the same processes;
 - mid-restore: the resume fails with a 500 and an error id; the sandbox stays `paused` with its
   checkpoint whole and nothing of the half-restored sandbox left; the next resume works, processes
-  and memory intact.
+  and memory intact;
+- the lazy-pages daemon mid-transfer (a lazy resume's memory still arriving): the tree is ended, the
+  sandbox recorded failed (or left paused) with its checkpoint kept, no daemon or page server left.
 
 Runs in a network namespace of its own (scripts/private-netns), like the other crash tests.
 """
@@ -135,3 +137,56 @@ def test_criu_killed_mid_restore_keeps_the_checkpoint_for_the_next_resume(warren
         if landed:
             break
     assert landed, f"no criu restore was caught in {ATTEMPTS} resumes"
+
+
+HOLD_TOUCHED_MEMORY = (
+    "python3 -c 'import time; b = bytearray(b\"x\") * (400 << 20); open(\"/tmp/held\", \"w\").close(); "
+    "time.sleep(10 ** 6)'"
+)
+
+
+def test_lazy_pages_daemon_killed_mid_transfer_ends_the_sandbox_and_keeps_its_checkpoint(warren):
+    """The daemon that brings a lazy resume's memory in (`criu lazy-pages`) killed while pages are still
+    arriving: the sandbox must not run on without them. Its tree is ended, it is recorded `failed`
+    (or, when the tree died before the resume answered, stays `paused`) with its checkpoint kept, and
+    no daemon, page server or host link is left."""
+    landed = 0
+    for _ in range(ATTEMPTS):
+        sandbox_id, _ = harness.start_counter(warren)
+        sbx = harness.sdk().connect(sandbox_id)
+        sbx.commands.run(HOLD_TOUCHED_MEMORY, background=True)
+        harness.wait_until("the memory held", lambda: sbx.files.exists("/tmp/held"))
+        status, body = warren.api("POST", f"/sandboxes/{sandbox_id}/pause")
+        assert status == 204, (status, body)
+        answer, killed = _kill_criu_during(
+            "lazy-pages", lambda: warren.api("POST", f"/sandboxes/{sandbox_id}/connect", {"timeout": 600})
+        )
+        if killed is None:
+            warren.api("DELETE", f"/sandboxes/{sandbox_id}")
+            continue
+        landed += 1
+        sys.__stderr__.write(f"criu lazy-pages killed; the resume answered {answer[0]}\n")
+        if answer[0] == 201:
+            row = harness.wait_until(
+                "the sandbox recorded failed",
+                lambda: (r := _row(warren, sandbox_id))["state"] == "failed" and r,
+                limit=120,
+            )
+            assert "lazy restore" in row["state_reason"], row
+            kept = warren.state_dir / "snapshots" / sandbox_id
+            assert row["snapshot_dir"] == str(kept), row
+        else:
+            row = _row(warren, sandbox_id)
+            assert (row["state"], row["pause_kind"]) == ("paused", "checkpoint"), (answer, row)
+            kept = warren.state_dir / "snapshots" / sandbox_id
+        assert (kept / "manifest.json").is_file(), f"checkpoint gone: {kept}"
+        assert sandbox_id not in harness.live_runtime_ids(warren)
+        harness.wait_until(
+            "no lazy-pages daemon or page server left",
+            lambda: not harness.processes_mentioning("lazy-pages")
+            and not harness.processes_mentioning("serve-pages"),
+        )
+        warren.api("DELETE", f"/sandboxes/{sandbox_id}")
+        assert harness.host_links() == [], harness.host_links()
+        break
+    assert landed, f"no criu lazy-pages was caught in {ATTEMPTS} resumes"

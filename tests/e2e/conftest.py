@@ -220,6 +220,13 @@ def warren(request):
             # Webhook retries a second apart instead of ten (test_webhooks_e2e.py).
             "--webhook-retry-secs",
             "1",
+            # A warm pool of the template test_warm_pool_e2e.py builds (empty until then).
+            "--warm-pool",
+            "wt-e2e-pooled=2",
+            # Admission holds a build step's whole layer against the state disk; CI machines' disks
+            # are smaller than an operator's, and no step here writes more than a few hundred MiB.
+            "--build-disk-mib",
+            "4096",
         ],
         stdout=subprocess.PIPE,
         stderr=log_file,

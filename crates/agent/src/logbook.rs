@@ -5,8 +5,10 @@
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use serde::Serialize;
+use tokio::sync::watch;
 
 /// A line longer than this is recorded in pieces of this size.
 pub const MAX_LINE: usize = 8 << 10;
@@ -43,9 +45,19 @@ struct Ring {
     last_seq: u64,
 }
 
-#[derive(Default)]
 pub struct Logbook {
     ring: Mutex<Ring>,
+    /// The last sequence number recorded, for readers waiting for more ([`Logbook::after_waiting`]).
+    last_seq: watch::Sender<u64>,
+}
+
+impl Default for Logbook {
+    fn default() -> Self {
+        Logbook {
+            ring: Mutex::default(),
+            last_seq: watch::Sender::new(0),
+        }
+    }
 }
 
 fn now_millis() -> i64 {
@@ -73,6 +85,22 @@ impl Logbook {
             };
             ring.bytes -= dropped.message.len();
         }
+        drop(ring);
+        self.last_seq.send_replace(seq);
+    }
+
+    /// [`Logbook::after`], but when there is nothing after `after` yet, waits up to `wait` for an
+    /// entry to be recorded (a long poll: the server's live tail of the log asks this way).
+    pub async fn after_waiting(&self, after: u64, limit: usize, wait: Duration) -> Page {
+        let mut recorded = self.last_seq.subscribe();
+        let page = self.after(after, limit);
+        if !page.entries.is_empty() || wait.is_zero() {
+            return page;
+        }
+        // `wait_for` looks at the current value first: an entry recorded since `after` above
+        // returns at once.
+        let _ = tokio::time::timeout(wait, recorded.wait_for(|last| *last > after)).await;
+        self.after(after, limit)
     }
 
     /// Entries after `after`, oldest first: at most `limit`, and at most [`PAGE_BYTES`] of
@@ -183,6 +211,29 @@ mod tests {
         assert_eq!(page.oldest, 6);
         assert_eq!(page.entries[0].seq, 6);
         assert_eq!(page.entries[0].message, "more 0");
+    }
+
+    #[tokio::test]
+    async fn a_waiting_read_returns_when_an_entry_is_recorded_or_when_the_wait_ends() {
+        let book = std::sync::Arc::new(Logbook::default());
+        book.record("info", "first".into(), fields());
+        // Something is there already: no wait.
+        let page = book.after_waiting(0, 10, Duration::from_secs(30)).await;
+        assert_eq!(page.entries.len(), 1);
+        // Nothing after 1: the read waits until line 2 is recorded.
+        let writer = book.clone();
+        let recorder = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            writer.record("info", "second".into(), fields());
+        });
+        let started = std::time::Instant::now();
+        let page = book.after_waiting(1, 10, Duration::from_secs(30)).await;
+        recorder.await.unwrap();
+        assert_eq!(page.entries.iter().map(|e| e.seq).collect::<Vec<_>>(), [2]);
+        assert!(started.elapsed() < Duration::from_secs(30));
+        // Nothing comes: an empty page once the wait is over.
+        let page = book.after_waiting(2, 10, Duration::from_millis(50)).await;
+        assert!(page.entries.is_empty());
     }
 
     #[test]

@@ -59,7 +59,14 @@ fn main() -> anyhow::Result<()> {
     // SAFETY: umask only changes this process's file creation mask.
     unsafe { libc::umask(0o022) };
     let is_pid1 = std::process::id() == 1;
-    if !is_pid1 {
+    if is_pid1 {
+        // Not dumpable: root inside the sandbox has no CAP_SYS_PTRACE, so it can neither ptrace the
+        // agent nor read its memory, environment or fds (/proc/1/mem, environ, fd; pidfd_getfd). The
+        // programs the agent starts are dumpable again after their exec. CRIU (host root) still dumps
+        // it and restores the flag.
+        // SAFETY: prctl(PR_SET_DUMPABLE, 0) changes only this process's dumpable flag.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    } else {
         reaper::become_subreaper();
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()

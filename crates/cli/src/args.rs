@@ -75,6 +75,41 @@ pub enum Command {
     /// Find and remove what sandboxes of deleted state directories left on this host: their
     /// processes and supervisors, mounts, cgroups and lxcfs mounts (needs root).
     Gc(GcArgs),
+    /// A capture-the-flag course in a running sandbox: twelve levels of breaking a sandbox on
+    /// purpose and fixing it (docs/lab.md).
+    #[command(subcommand)]
+    Lab(LabCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LabCommand {
+    /// Build the lab template (once), create the lab's sandbox (or resume it) and print its URL.
+    Start(LabArgs),
+    /// Show each level's state; solved flags are checked against the lab's secret.
+    Status(LabArgs),
+    /// Judge a level: look at the sandbox through the API and the lab app; when it is solved,
+    /// reveal its flag on the level's page (and print it).
+    Check {
+        /// Level number (1 to 12).
+        level: u32,
+        /// What the level asks you to report (a sandbox ID, fork results).
+        #[arg(long)]
+        answer: Option<String>,
+        #[command(flatten)]
+        lab: LabArgs,
+    },
+    /// Stop the lab and start a new one from level 1 (new sandbox, new flags).
+    Reset(LabArgs),
+    /// Kill the lab's sandbox and every sandbox its levels made; the template stays cached.
+    Stop(LabArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct LabArgs {
+    /// Where the host keeps the lab (its sandbox and the secret its flags derive from); default
+    /// $XDG_CONFIG_HOME/warren/lab.json, else ~/.config/warren/lab.json.
+    #[arg(long, env = "WARREN_LAB_FILE")]
+    pub lab_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -168,6 +203,11 @@ pub struct UpArgs {
     /// Most memory (MiB) all running sandboxes of this node may hold together; more get 429.
     #[arg(long, env = "WARREN_MAX_TOTAL_MEMORY_MIB")]
     pub max_total_memory_mib: Option<u64>,
+    /// Most sandboxes set up or torn down at once (create, resume, fork, kill); the others wait
+    /// their turn, so that commands in running sandboxes keep their speed while many sandboxes come
+    /// and go (default 0: two per CPU).
+    #[arg(long, env = "WARREN_SETUP_CONCURRENCY")]
+    pub setup_concurrency: Option<usize>,
     /// Size (MiB) of each new volume; a volume keeps the size it was made with (default 1024).
     #[arg(long, env = "WARREN_VOLUME_SIZE_MIB")]
     pub volume_size_mib: Option<u64>,
@@ -190,6 +230,12 @@ pub struct UpArgs {
     /// inside keeps the reduced capability set and seccomp filter either way.
     #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
     pub no_new_privs: bool,
+    /// Restore checkpoints (resume, fork, running-state templates) eagerly: every memory page is read
+    /// and checked before the processes run again. By default they run as soon as their process tree
+    /// is rebuilt and the memory follows lazily, each chunk checked before it is used
+    /// (docs/checkpoints.md).
+    #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
+    pub no_lazy_restore: bool,
     /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
     /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
     /// sandbox, decides where an allowed name's connection goes (docs/network.md).
@@ -212,10 +258,20 @@ pub struct UpArgs {
     /// without it stored secrets cannot be read (docs/secrets.md).
     #[arg(long = "secrets-key-file", env = "WARREN_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
+    /// Keep N sandboxes of a running-state template (its ID or alias) restored and frozen, ready
+    /// for the next create of it, which then only thaws one and hands it its ID's settings (env,
+    /// token, timeout, metadata, network rules); refilled in the background. Repeat for more
+    /// templates. Each held sandbox takes its memory and counts in the node's limits.
+    #[arg(long = "warm-pool", value_name = "TEMPLATE=N", value_parser = parse_warm_pool)]
+    pub warm_pool: Vec<(String, usize)>,
     /// Seconds a template build may take before it is stopped (its sandbox destroyed) and fails
     /// naming the step it was in.
     #[arg(long, env = "WARREN_BUILD_TIMEOUT_SECS", default_value_t = 3600)]
     pub build_timeout_secs: u64,
+    /// Size (MiB) of the writable layer of a template build step's sandbox, the most one step may
+    /// write; admission holds all of it against the state disk while the step runs.
+    #[arg(long, env = "WARREN_BUILD_DISK_MIB", default_value_t = 8192)]
+    pub build_disk_mib: u64,
     /// Seconds between two samples of every running sandbox's CPU, memory, disk and tasks (the
     /// series of `GET /sandboxes/{id}/metrics`).
     #[arg(long, env = "WARREN_METRICS_INTERVAL_SECS", default_value_t = 5)]
@@ -285,6 +341,16 @@ pub struct StateArgs {
     /// State directory (default /var/lib/warren as root, ~/.local/share/warren otherwise).
     #[arg(long, env = "WARREN_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
+    /// Keep the store in this PostgreSQL database (postgres://USER:PASSWORD@HOST:PORT/DB, or
+    /// ?host=/socket/dir) instead of the embedded SQLite file warren.db in the state directory (the
+    /// default). Its password never appears in logs or errors.
+    #[arg(
+        long,
+        env = "WARREN_DATABASE_URL",
+        hide_env_values = true,
+        value_name = "URL"
+    )]
+    pub database_url: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -594,6 +660,23 @@ pub fn parse_key_value(raw: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `TEMPLATE=N` of `--warm-pool`.
+fn parse_warm_pool(value: &str) -> Result<(String, usize), String> {
+    let (template, size) = value
+        .rsplit_once('=')
+        .ok_or_else(|| format!("expected TEMPLATE=N, got {value:?}"))?;
+    if template.is_empty() {
+        return Err(format!("no template named in {value:?}"));
+    }
+    let size = size
+        .parse::<usize>()
+        .map_err(|_| format!("pool size {size:?} is not a whole number"))?;
+    if size > 64 {
+        return Err(format!("pool size {size} is more than 64"));
+    }
+    Ok((template.to_string(), size))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -737,5 +820,14 @@ mod tests {
         assert_eq!(parse_key_value("a="), Ok(("a".into(), "".into())));
         assert!(parse_key_value("=b").is_err());
         assert!(parse_key_value("ab").is_err());
+    }
+
+    #[test]
+    fn warm_pools_are_named_with_a_size() {
+        assert_eq!(parse_warm_pool("my-app=3"), Ok(("my-app".to_string(), 3)));
+        assert_eq!(parse_warm_pool("a=b=2"), Ok(("a=b".to_string(), 2)));
+        for bad in ["my-app", "=2", "my-app=x", "my-app=-1", "my-app=65"] {
+            assert!(parse_warm_pool(bad).is_err(), "{bad}");
+        }
     }
 }

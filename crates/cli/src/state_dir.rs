@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
+use warren_server::store::{Database, DatabaseUrl};
+
 use crate::args::StateArgs;
+use crate::commands::CommandError;
 
 /// Default state directory of a root process.
 pub const ROOT_STATE_DIR: &str = "/var/lib/warren";
@@ -18,6 +21,26 @@ pub fn resolve(args: &StateArgs) -> PathBuf {
         std::env::var_os("XDG_DATA_HOME").map(PathBuf::from),
         std::env::var_os("HOME").map(PathBuf::from),
     )
+}
+
+/// `--database-url` / `WARREN_DATABASE_URL`, checked (the error never repeats the URL, which may
+/// hold a password).
+pub fn database_url(args: &StateArgs) -> Result<Option<DatabaseUrl>, CommandError> {
+    args.database_url
+        .as_deref()
+        .map(|raw| {
+            raw.parse::<DatabaseUrl>()
+                .map_err(|e| CommandError::Usage(format!("--database-url: {e}")))
+        })
+        .transpose()
+}
+
+/// Where the store is: the PostgreSQL database given, else SQLite in the state directory.
+pub fn database(args: &StateArgs) -> Result<Database, CommandError> {
+    Ok(Database::choose(
+        database_url(args)?.as_ref(),
+        &resolve(args),
+    ))
 }
 
 fn default_for(is_root: bool, xdg_data_home: Option<PathBuf>, home: Option<PathBuf>) -> PathBuf {
@@ -64,8 +87,37 @@ mod tests {
     #[test]
     fn explicit_dir_wins() {
         let args = StateArgs {
+            database_url: None,
             state_dir: Some("/tmp/w".into()),
         };
         assert_eq!(resolve(&args), PathBuf::from("/tmp/w"));
+    }
+
+    #[test]
+    fn a_database_url_picks_postgresql_and_a_bad_one_is_refused_without_its_password() {
+        let args = |url: &str| StateArgs {
+            state_dir: Some("/tmp/w".into()),
+            database_url: Some(url.to_string()),
+        };
+        let chosen = database(&args("postgres://w:pw-secret@db/warren")).unwrap();
+        assert!(matches!(chosen, Database::Postgres(_)));
+        assert!(!chosen.to_string().contains("pw-secret"), "{chosen}");
+        let without = StateArgs {
+            state_dir: Some("/tmp/w".into()),
+            database_url: None,
+        };
+        assert_eq!(
+            database(&without).unwrap(),
+            Database::Sqlite("/tmp/w".into())
+        );
+        for bad in [
+            "mysql://w:pw-secret@db/warren",
+            "postgres://w:pw-secret@[db/warren",
+        ] {
+            let error = database(&args(bad)).unwrap_err();
+            assert_eq!(error.exit_code(), crate::exit_code::USAGE);
+            assert!(!error.to_string().contains("pw-secret"), "{error}");
+            assert!(error.to_string().contains("--database-url"), "{error}");
+        }
     }
 }

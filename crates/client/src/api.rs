@@ -112,7 +112,7 @@ pub struct ApiClient {
 impl ApiClient {
     pub fn new(base_url: &str, api_key: Option<String>) -> Result<ApiClient, ApiError> {
         let base = parse_base_url(base_url)?;
-        let http = reqwest::Client::builder()
+        let http = crate::http_builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|source| ApiError::Unreachable {
@@ -128,6 +128,11 @@ impl ApiClient {
 
     pub fn base_url(&self) -> &url::Url {
         &self.base
+    }
+
+    /// `GET /health`: the server's status and capabilities (`checkpoint`, `pauseMode`, ...).
+    pub async fn health(&self) -> Result<serde_json::Value, ApiError> {
+        self.send_json(self.request(Method::GET, "health")?).await
     }
 
     pub async fn create_sandbox(&self, body: &NewSandbox) -> Result<Sandbox, ApiError> {

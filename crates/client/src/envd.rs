@@ -308,7 +308,7 @@ impl EnvdClient {
             AUTHORIZATION,
             header_value(&format!("Basic {basic}"), "Authorization")?,
         );
-        let http = reqwest::Client::builder()
+        let http = crate::http_builder()
             .connect_timeout(Duration::from_secs(10))
             .build()
             .map_err(|source| EnvdError::Unreachable {

@@ -43,6 +43,11 @@ pub struct LinuxRuntimeConfig {
     /// CA certificates (PEM files) the egress proxy trusts, besides the host's trust store, when it
     /// connects to a host whose requests get header rules.
     pub egress_upstream_ca: Vec<PathBuf>,
+    /// Restore checkpoints lazily (resume, fork, running-state templates): the processes run as soon
+    /// as CRIU has rebuilt them and their memory follows over userfaultfd, served and checked chunk
+    /// by chunk from the checkpoint (see [`crate::checkpoint::lazy_pages`]). Off: every page is read
+    /// and checked before the processes run. Checkpoints of format 1 are always restored eagerly.
+    pub lazy_restore: bool,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -61,6 +66,7 @@ impl Default for LinuxRuntimeConfig {
             egress_proxy_port: 49090,
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
+            lazy_restore: true,
         }
     }
 }

@@ -7,7 +7,8 @@
 //! Everything is found from the host's own tables, never from a sandbox's files: supervisors by
 //! their command line in `/proc` (which names the sandbox's directory), mounts in
 //! `/proc/self/mountinfo`, cgroups under Warren's parent cgroup. A sandbox directory is still owned
-//! while its state directory holds a store (`warren.db`) or the directory itself holds the runtime's
+//! while its state directory holds a store (`warren.db`) or a server's lock file (`warren.lock`, all
+//! a server whose store is in PostgreSQL leaves there) or the directory itself holds the runtime's
 //! record or the supervisor's configuration; veths go by themselves once the sandbox's network
 //! namespace has no process and no mount left, and the shared nftables sets then lose the entries of
 //! every address whose veth is gone.
@@ -69,10 +70,17 @@ fn sandbox_of(path: &Path) -> Option<(PathBuf, String)> {
     Some((dir, id))
 }
 
+/// Whether `state` is a state directory a server still uses: it holds the SQLite store, or the lock
+/// file every `warren up` makes there and leaves (a server whose store is in PostgreSQL has no
+/// `warren.db`).
+fn holds_state(state: &Path) -> bool {
+    state.join("warren.db").exists() || state.join("warren.lock").exists()
+}
+
 /// Whether something still owns the sandbox directory `dir` (see the module's comment).
 fn owned(dir: &Path) -> bool {
     let state = dir.parent().and_then(Path::parent);
-    state.is_some_and(|s| s.join("warren.db").exists())
+    state.is_some_and(holds_state)
         || SandboxRecord::path_in(dir).exists()
         || SupervisorConfig::path_in(dir).exists()
 }
@@ -185,13 +193,13 @@ pub fn find() -> Findings {
     for (point, fstype) in mount_points(&mountinfo) {
         if fstype == "fuse.lxcfs" && point.file_name().is_some_and(|n| n == "lxcfs") {
             let state = point.parent().unwrap_or(Path::new("/"));
-            if !state.join("warren.db").exists() && !lxcfs_mounts.contains(&point) {
+            if !holds_state(state) && !lxcfs_mounts.contains(&point) {
                 lxcfs_mounts.push(point);
             }
             continue;
         }
         if let Some(state) = volume_state_dir(&point) {
-            if !state.join("warren.db").exists() && !volume_mounts.contains(&point) {
+            if !holds_state(state) && !volume_mounts.contains(&point) {
                 volume_mounts.push(point);
             }
             continue;
@@ -396,6 +404,11 @@ mod tests {
         assert!(owned(&dir));
         std::fs::remove_file(SupervisorConfig::path_in(&dir)).unwrap();
         std::fs::write(state.path().join("warren.db"), b"").unwrap();
+        assert!(owned(&dir));
+        // A server whose store is in PostgreSQL leaves only its lock file.
+        std::fs::remove_file(state.path().join("warren.db")).unwrap();
+        assert!(!owned(&dir));
+        std::fs::write(state.path().join("warren.lock"), b"").unwrap();
         assert!(owned(&dir));
     }
 }

@@ -24,8 +24,14 @@ pub const PID_MAX_LIMIT: u64 = 4 * 1024 * 1024;
 pub const INOTIFY_LIMIT: u64 = i32::MAX as u64;
 /// Tasks kept for the host: a tenth of the ceiling, at least this many.
 pub const MIN_TASK_RESERVE: u64 = 2048;
-/// Disk kept free for the host, checkpoints and logs: a twentieth of the file system, at least this.
+/// Disk kept free for the host, checkpoints and logs: a twentieth of the file system, at least this
+/// and at most [`MAX_DISK_RESERVE`].
 pub const MIN_DISK_RESERVE: u64 = 1024 * 1024 * 1024;
+/// The most the reserve takes. A file system's size says little about what the host needs (a large,
+/// thinly provisioned volume may report hundreds of GiB while a fraction is really free): 5 % of it
+/// would keep tens of GiB from sandboxes; a few GiB covers logs, the database and a checkpoint being
+/// written, and a checkpoint that finds the disk full fails cleanly and keeps the sandbox.
+pub const MAX_DISK_RESERVE: u64 = 4 * 1024 * 1024 * 1024;
 
 const PID_MAX: &str = "/proc/sys/kernel/pid_max";
 const THREADS_MAX: &str = "/proc/sys/kernel/threads-max";
@@ -59,6 +65,10 @@ pub struct HostCapacity {
     /// Bytes new sandboxes' writable layers may claim on the state disk: free space less the reserve
     /// and less what the live sandboxes' sparse images may still grow by.
     pub sandbox_disk_bytes: u64,
+    /// The reserve kept off `sandbox_disk_bytes` (to name it when a sandbox does not fit).
+    pub disk_reserve_bytes: u64,
+    /// What the live sandboxes' images may still grow by, also kept off `sandbox_disk_bytes`.
+    pub disk_promised_bytes: u64,
 }
 
 /// The raw numbers [`HostCapacity`] is made of.
@@ -79,13 +89,15 @@ impl HostFacts {
         // The kernel keeps the first 300 PIDs for itself once they wrap.
         let ceiling = self.threads_max.min(self.pid_max.saturating_sub(300));
         let task_reserve = (ceiling / 10).max(MIN_TASK_RESERVE);
-        let disk_reserve = (self.disk_total_bytes / 20).max(MIN_DISK_RESERVE);
+        let disk_reserve = (self.disk_total_bytes / 20).clamp(MIN_DISK_RESERVE, MAX_DISK_RESERVE);
         HostCapacity {
             sandbox_tasks: ceiling.saturating_sub(task_reserve),
             sandbox_disk_bytes: self
                 .disk_available_bytes
                 .saturating_sub(disk_reserve)
                 .saturating_sub(self.images_unallocated_bytes),
+            disk_reserve_bytes: disk_reserve,
+            disk_promised_bytes: self.images_unallocated_bytes,
         }
     }
 }
@@ -198,19 +210,37 @@ mod tests {
 
     #[test]
     fn disk_is_free_space_less_reserve_and_promised_growth() {
-        // 5% of 100 GiB = 5 GiB kept.
-        assert_eq!(facts().capacity().sandbox_disk_bytes, 35 * GIB);
-        let promised = HostFacts {
-            images_unallocated_bytes: 30 * GIB,
+        // 5% of 60 GiB = 3 GiB kept.
+        let sixty = HostFacts {
+            disk_total_bytes: 60 * GIB,
             ..facts()
         };
-        assert_eq!(promised.capacity().sandbox_disk_bytes, 5 * GIB);
+        assert_eq!(sixty.capacity().sandbox_disk_bytes, 37 * GIB);
+        let promised = HostFacts {
+            images_unallocated_bytes: 30 * GIB,
+            ..sixty
+        };
+        let capacity = promised.capacity();
+        assert_eq!(capacity.sandbox_disk_bytes, 7 * GIB);
+        assert_eq!(capacity.disk_reserve_bytes, 3 * GIB);
+        assert_eq!(capacity.disk_promised_bytes, 30 * GIB);
         let small = HostFacts {
             disk_total_bytes: 4 * GIB,
             disk_available_bytes: GIB / 2,
             ..facts()
         };
         assert_eq!(small.capacity().sandbox_disk_bytes, 0, "1 GiB floor");
+        // 5% of 252 GiB would be 12.6 GiB; the reserve stops at 4 GiB.
+        let large = HostFacts {
+            disk_total_bytes: 252 * GIB,
+            disk_available_bytes: 30 * GIB,
+            ..facts()
+        };
+        assert_eq!(
+            large.capacity().sandbox_disk_bytes,
+            26 * GIB,
+            "4 GiB ceiling"
+        );
     }
 
     #[test]

@@ -406,6 +406,13 @@ pub trait Runtime: Send + Sync {
         checkpoint: &std::path::Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError>;
+    /// Waits until the memory of a lazily restored sandbox has all arrived (at once for any other).
+    /// An error says the transfer failed: the sandbox's processes were killed before they could run
+    /// on a page that did not arrive intact, and the checkpoint it came from is still needed.
+    fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
+        let _ = id;
+        Ok(())
+    }
     /// Dead man's switch: the sandbox's supervisor ends it once the clock passes `until_unix_ms`
     /// unless this is called again with a later time. A fresh or restored sandbox starts with
     /// [`supervisor::deadline::INITIAL_LEASE_MS`].

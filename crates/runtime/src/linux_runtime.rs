@@ -296,6 +296,7 @@ impl LinuxRuntime {
                     // the same checkpoint; a resume is the only one of its pause checkpoint.
                     image_cache: (manifest.sandbox_id != spec.id)
                         .then(|| self.config.state_dir.join("cache").join("images")),
+                    lazy: self.config.lazy_restore,
                 });
             }
             None => {
@@ -315,12 +316,11 @@ impl LinuxRuntime {
             prefix: self.config.subnet_prefix,
             ip,
         };
-        // nft runs while the supervisor builds the sandbox; it is waited for before create returns
-        // (and before a restored sandbox's link comes up).
-        let admitted =
-            firewall::admit(&network_plan, &spec.network, self.egress_proxy.listen()).map_err(
-                internal(format!("admit sandbox {} to the firewall", spec.id)),
-            )?;
+        // The port binding and the sandbox's rules are in place before its link can come up.
+        firewall::admit(&network_plan, &spec.network).map_err(internal(format!(
+            "admit sandbox {} to the firewall",
+            spec.id
+        )))?;
         self.egress_proxy.set_rules(ip, &spec.network.egress);
         let overlay = sandbox_mounts::OverlayPlan::new(&spec.layers, &disk.upper(), &disk.work())
             .map_err(internal("plan the overlay"))?;
@@ -375,10 +375,6 @@ impl LinuxRuntime {
             .write(dir)
             .map_err(internal(format!("write the state of sandbox {}", spec.id)))?;
         let launched_at = started.elapsed();
-        // The port's binding is in place before anything of the sandbox is reachable.
-        admitted
-            .wait()
-            .map_err(internal(format!("bind the port of sandbox {}", spec.id)))?;
         if restore.is_some() {
             // The supervisor kept the host side down while CRIU restored the sockets.
             let host = network::veth_name("wv", ip);
@@ -386,7 +382,19 @@ impl LinuxRuntime {
                 .map_err(internal(format!("bring {host} up after restore")))?;
             forget_neighbour(&self.config.bridge, ip);
         }
-        self.wait_for_agent(&record, &disk)?;
+        if let Err(error) = self.wait_for_agent(&record, &disk) {
+            // A lazy restore that found a damaged page ended the tree: that is the reason to give.
+            if let Ok(why) =
+                std::fs::read_to_string(dir.join(crate::supervisor::RESTORE_FAILED_FILE))
+            {
+                return Err(RuntimeError::failed(format!(
+                    "the lazy restore of sandbox {} failed and its processes were ended: {}",
+                    spec.id,
+                    why.trim()
+                )));
+            }
+            return Err(error);
+        }
         tracing::debug!(
             sandbox = %spec.id,
             restore = restore.is_some(),
@@ -545,8 +553,8 @@ impl LinuxRuntime {
             wait_supervisor_exit(record.supervisor_pid);
         }
         let leases = self.addresses.leases_of(id);
-        // The bindings go while the rest is taken apart (nothing of the sandbox runs any more).
-        let mut withdrawn = Vec::new();
+        // The bindings go first (nothing of the sandbox runs any more), before the address is
+        // released: a later holder's binding must not be the one a late withdrawal deletes.
         for ip in &leases {
             let plan = NetworkPlan {
                 bridge: self.config.bridge.clone(),
@@ -554,9 +562,11 @@ impl LinuxRuntime {
                 prefix: self.config.subnet_prefix,
                 ip: *ip,
             };
-            withdrawn.push(firewall::withdraw(&plan).map_err(internal(format!(
-                "withdraw the port binding of sandbox {id}"
-            )))?);
+            if let Err(e) = firewall::withdraw(&plan) {
+                // The tables are gone (flushed by hand): nothing of the sandbox is left in them
+                // either.
+                tracing::warn!(sandbox = %id, error = %crate::supervisor_error_chain(&e), "withdraw the port binding");
+            }
             self.egress_proxy.remove(*ip);
             delete_host_link(&plan.host_veth())?;
         }
@@ -569,13 +579,6 @@ impl LinuxRuntime {
         cgroup
             .remove()
             .map_err(internal(format!("remove the cgroups of sandbox {id}")))?;
-        for run in withdrawn {
-            // A failure means the tables are gone (flushed by hand): nothing of the sandbox is left
-            // in them either. Either way the run is over before the address can be leased again.
-            if let Err(e) = run.wait() {
-                tracing::warn!(sandbox = %id, error = %crate::supervisor_error_chain(&e), "withdraw the port binding");
-            }
-        }
         for ip in leases {
             self.addresses.release(ip, id).map_err(internal(format!(
                 "release the address {ip} of sandbox {id}"
@@ -728,12 +731,17 @@ fn validate_spec(spec: &SandboxSpec) -> Result<(), RuntimeError> {
 
 /// Drops the host's ARP entry for `ip`: a sandbox resumed at its old address has a new veth (a new
 /// MAC), and a stale entry black-holes the first packets until the kernel re-probes (about 5 s).
+/// Over netlink, from a thread of its own (the caller may be inside a tokio runtime).
 fn forget_neighbour(bridge: &str, ip: Ipv4Addr) {
-    let _ = std::process::Command::new("ip")
-        .args(["neigh", "del", &ip.to_string(), "dev", bridge])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status();
+    let bridge = bridge.to_string();
+    let forgotten = std::thread::spawn(move || {
+        netlink::run(async { Netlink::connect()?.delete_neighbour(&bridge, ip).await })
+    })
+    .join()
+    .unwrap_or(Err(netlink::NetlinkError::Panicked));
+    if let Err(e) = forgotten {
+        tracing::debug!(%ip, error = %crate::supervisor_error_chain(&e), "forget the neighbour");
+    }
 }
 
 /// Deletes a host link through netlink, on a thread of its own (the caller may be inside a tokio runtime).
@@ -963,7 +971,7 @@ impl Runtime for LinuxRuntime {
         if network.egress.needs_proxy() {
             self.egress_proxy.set_rules(record.ip, &network.egress);
         }
-        firewall::set_network(record.ip, network, self.egress_proxy.listen())
+        firewall::set_network(record.ip, network)
             .map_err(internal(format!("set the network of sandbox {id}")))?;
         self.egress_proxy.set_rules(record.ip, &network.egress);
         Ok(())
@@ -1021,6 +1029,16 @@ impl Runtime for LinuxRuntime {
                         continue;
                     }
                 }
+                Ok(Some(record)) => {
+                    // The init is dead, but a dump of it that the dead server started can live on:
+                    // CRIU was seen asleep for minutes over a tree that was gone. Nobody will read
+                    // its images.
+                    let dumps = || crash_recovery::dumps_of(record.init_pid);
+                    let killed = crash_recovery::wait_then_kill(dumps, Duration::ZERO);
+                    if killed > 0 {
+                        tracing::warn!(sandbox = %id, killed, "killed a checkpoint dump of a dead sandbox");
+                    }
+                }
                 Ok(None) => {
                     // A create or restore whose caller died: its supervisor may still be building it.
                     crash_recovery::wait_then_kill(
@@ -1028,7 +1046,7 @@ impl Runtime for LinuxRuntime {
                         Duration::ZERO,
                     );
                 }
-                _ => {}
+                Err(_) => {}
             }
             tracing::info!(sandbox = %id, "reclaiming what a dead or unfinished sandbox left");
             if let Err(error) = self.teardown(&id) {
@@ -1045,6 +1063,8 @@ impl Runtime for LinuxRuntime {
         leave_running: bool,
     ) -> Result<CheckpointInfo, RuntimeError> {
         let record = self.live_record(id)?;
+        // A tree whose memory is still arriving is dumped once it is all in.
+        self.memory_settled(id)?;
         if !self.checkpointer.available() {
             return Err(checkpoint_error(CheckpointError::CriuUnavailable(
                 self.checkpointer
@@ -1095,6 +1115,29 @@ impl Runtime for LinuxRuntime {
             }
         }
         Ok(dumped.info)
+    }
+
+    fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
+        validate_id(id)?;
+        let dir = self.sandbox_dir(id);
+        let started = Instant::now();
+        let mut pause = Duration::from_millis(1);
+        while crate::supervisor::pages_pending(&dir) {
+            if started.elapsed() > MEMORY_SETTLE_LIMIT {
+                return Err(RuntimeError::failed(format!(
+                    "the memory of sandbox {id} is still being restored after {MEMORY_SETTLE_LIMIT:?}"
+                )));
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+        match std::fs::read_to_string(dir.join(crate::supervisor::RESTORE_FAILED_FILE)) {
+            Ok(why) => Err(RuntimeError::failed(format!(
+                "the lazy restore of sandbox {id} failed and its processes were ended: {}",
+                why.trim()
+            ))),
+            Err(_) => Ok(()),
+        }
     }
 
     fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
@@ -1231,6 +1274,10 @@ fn address_error(error: crate::network::addresses::AddressError) -> RuntimeError
 }
 
 /// The runtime's view of a checkpoint failure.
+/// How long [`Runtime::memory_settled`] waits for a lazy restore's pages (500 MiB take well under a
+/// second here; the supervisor itself gives up on a transfer after ten minutes).
+const MEMORY_SETTLE_LIMIT: Duration = Duration::from_secs(660);
+
 fn checkpoint_error(error: CheckpointError) -> RuntimeError {
     match error {
         CheckpointError::CriuUnavailable(why) => {

@@ -774,7 +774,7 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
 /// Egress rules by address, for real: a sandbox with internet is denied one destination (its own
 /// test "internet" namespace), then allowed it over a deny-everything (allow wins), then shut out of
 /// everything, then opened again; a sandbox created without internet gets out only once a rule
-/// allows it. Every change applies to the running sandbox at once. Destroy removes its chain.
+/// allows it. Every change applies to the running sandbox at once. Destroy removes its elements.
 #[test]
 fn egress_rules_by_address_apply_at_once_and_allow_wins() {
     use warren_runtime::network::egress::{Cidr, EgressRules};
@@ -837,17 +837,18 @@ fn egress_rules_by_address_apply_at_once_and_allow_wins() {
     send_udp(&offline, 40_206, destination.ip, port, "allowed-6");
     assert_phase("offline-5", "allowed-6");
 
-    // Rules in place make a chain of the sandbox's own; destroy removes it with its map element.
+    // Rules in place are elements of the sandbox's address in set egress_deny; destroy removes them.
     set(&e.id, true, vec![], vec![dest]);
-    let chain = format!("eg-{}-{}", e.ip.octets()[2], e.ip.octets()[3]);
-    let (listed, _) = host_command("nft", &["list", "chain", "ip", "warren", &chain]);
-    assert!(listed, "sandbox chain {chain} missing");
+    let mine = format!("{} . {}", e.ip, destination.ip);
+    let (listed, out) = host_command("nft", &["list", "set", "ip", "warren", "egress_deny"]);
+    assert!(listed && out.contains(&mine), "no element {mine}: {out}");
     sandboxes.runtime.destroy(&e.id).expect("destroy");
-    let (still, out) = host_command("nft", &["list", "chain", "ip", "warren", &chain]);
-    assert!(!still, "destroy left chain {chain}: {out}");
-    let (_, map) = host_command("nft", &["list", "map", "ip", "warren", "egress_rules"]);
-    assert!(
-        !map.contains(&e.ip.to_string()),
-        "destroy left the map element: {map}"
-    );
+    for set in ["egress_deny", "egress_allow", "internet"] {
+        let (_, out) = host_command("nft", &["list", "set", "ip", "warren", set]);
+        assert!(
+            !out.contains(&format!("{} ", e.ip)) && !out.contains(&format!("{},", e.ip)),
+            "destroy left an element of {} in {set}: {out}",
+            e.ip
+        );
+    }
 }

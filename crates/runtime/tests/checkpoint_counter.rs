@@ -1,6 +1,7 @@
 //! Pause/resume cycles of a sandbox whose PID 1 counts into a file: after every restore the file holds
 //! exactly what it held at the dump and the counter goes on from its value (the file stays a run of
-//! consecutive integers). Real CRIU, real processes.
+//! consecutive integers). Real CRIU, real processes; every restore is lazy (the memory follows over
+//! userfaultfd from the checking page server) and its transfer must end complete before the next dump.
 
 #![allow(clippy::unwrap_used)] // A panic in a test is its failure report.
 
@@ -53,6 +54,10 @@ fn counter_continues_across_pause_resume_cycles() -> Result<()> {
     let mut previous: Option<std::path::PathBuf> = None;
     for cycle in 0..cycles() {
         let dest = store.join(format!("cycle-{cycle}"));
+        // The last (lazy) restore brought every page back.
+        sandbox
+            .settle()
+            .with_context(|| format!("transfer before dump {cycle}"))?;
         let dumped = checkpointer
             .dump(&sandbox.dump_target(), &dest, false)
             .with_context(|| format!("dump {cycle}"))?;

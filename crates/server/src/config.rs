@@ -11,8 +11,10 @@ pub const DEFAULT_STATE_DIR: &str = "/var/lib/warren";
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct ServerConfig {
-    /// Holds `warren.db`, `sandboxes/`, `templates/`, `snapshots/`.
+    /// Holds `warren.db` (unless `database_url` is set), `sandboxes/`, `templates/`, `snapshots/`.
     pub state_dir: PathBuf,
+    /// A PostgreSQL database to keep the store in instead of `warren.db` (docs/cluster.md).
+    pub database_url: Option<crate::store::DatabaseUrl>,
     /// REST API listener (E2B_API_URL). Port 0 picks a free port.
     pub api_listen: SocketAddr,
     /// Sandbox proxy listener (E2B_SANDBOX_URL). Port 0 picks a free port.
@@ -54,6 +56,8 @@ pub struct ServerConfig {
     pub expedite_rcu: bool,
     /// Set `no_new_privs` in every sandbox (`warren_runtime::LinuxRuntimeConfig::no_new_privs`).
     pub no_new_privs: bool,
+    /// Restore checkpoints lazily (`warren_runtime::LinuxRuntimeConfig::lazy_restore`).
+    pub lazy_restore: bool,
     /// DNS servers the egress proxy resolves allowed host names with (empty: the host's
     /// `/etc/resolv.conf`; `warren_runtime::LinuxRuntimeConfig::egress_resolvers`).
     pub egress_resolvers: Vec<SocketAddr>,
@@ -62,12 +66,18 @@ pub struct ServerConfig {
     pub egress_upstream_ca: Vec<PathBuf>,
     /// How long a template build may take before it is stopped and fails.
     pub build_timeout: Duration,
+    /// Size (MiB) of the writable layer of each build step's sandbox: the most one step may write.
+    /// Admission holds all of it against the state disk while the step runs.
+    pub build_disk_mib: u64,
     /// Serve the API and the proxy over HTTPS with this certificate (`None`: plain HTTP). The proxy
     /// then also answers as `api.<domain>` (E2B_DOMAIN mode, docs/tls.md).
     pub tls: Option<crate::tls::TlsSource>,
     /// The 32-byte key stored secrets are sealed with (`None`: `<state_dir>/secrets.key`, made at
     /// first start; docs/secrets.md).
     pub secrets_key_file: Option<PathBuf>,
+    /// Warm pools: how many sandboxes of each running-state template (by ID or alias) are kept
+    /// restored and frozen, ready for the next create (`lifecycle::operations::pool`).
+    pub warm_pools: Vec<(String, usize)>,
 }
 
 /// What the monitor samples and how it treats runaway processes (docs/operations.md).
@@ -172,6 +182,9 @@ pub struct Limits {
     /// Size (MiB) of each new volume's filesystem: writes past it fail with ENOSPC inside sandboxes
     /// and 507 through the content API (docs/volumes.md).
     pub volume_size_mib: u64,
+    /// Most sandboxes set up or torn down at once (create, restore, boot, destroy); the rest wait
+    /// their turn. 0: two per CPU of the host.
+    pub setup_concurrency: usize,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -191,6 +204,7 @@ impl Default for Limits {
             default_timeout: Duration::from_secs(300),
             max_timeout: Duration::from_secs(24 * 3600),
             volume_size_mib: 1024,
+            setup_concurrency: 0,
         }
     }
 }
@@ -211,6 +225,7 @@ impl ServerConfig {
     pub fn new(state_dir: PathBuf) -> Self {
         ServerConfig {
             state_dir,
+            database_url: None,
             api_listen: SocketAddr::from(([127, 0, 0, 1], 3000)),
             proxy_listen: SocketAddr::from(([0, 0, 0, 0], 3001)),
             domain: "localhost".to_string(),
@@ -228,11 +243,14 @@ impl ServerConfig {
             webhook_retry_interval: Duration::from_secs(10),
             expedite_rcu: true,
             no_new_privs: false,
+            lazy_restore: true,
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
             build_timeout: Duration::from_secs(3600),
+            build_disk_mib: 8192,
             tls: None,
             secrets_key_file: None,
+            warm_pools: Vec::new(),
         }
     }
 

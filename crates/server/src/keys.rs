@@ -52,10 +52,10 @@ pub async fn create_key(
         .await?
         .ok_or_else(|| KeyError::NoTeam(team.to_string()))?;
     let mut random = [0u8; 20];
-    rand::thread_rng().fill(&mut random);
+    rand::rng().fill(&mut random);
     let secret = format!("{SECRET_PREFIX}{}", hex::encode(random));
     let mut id_bytes = [0u8; 8];
-    rand::thread_rng().fill(&mut id_bytes);
+    rand::rng().fill(&mut id_bytes);
     let record = ApiKeyRecord {
         id: format!("key_{}", hex::encode(id_bytes)),
         name: name.to_string(),
@@ -100,7 +100,7 @@ pub async fn create_team(
         return Err(KeyError::TeamExists(name.to_string()));
     }
     let mut id_bytes = [0u8; 8];
-    rand::thread_rng().fill(&mut id_bytes);
+    rand::rng().fill(&mut id_bytes);
     let team = TeamRecord {
         id: format!("team_{}", hex::encode(id_bytes)),
         name: name.to_string(),

@@ -31,7 +31,7 @@ use warren_runtime::Runtime;
 
 pub use config::{DefaultResources, Limits, ServerConfig, SnapshotRetention};
 pub use lifecycle::reconcile::ReconcileReport;
-pub use store::{SqliteStore, Store};
+pub use store::{PgStore, SqliteStore, Store};
 
 use lifecycle::Lifecycle;
 use metrics::Metrics;
@@ -71,6 +71,13 @@ pub async fn open_store(state_dir: &std::path::Path) -> Result<Arc<dyn Store>, s
     Ok(Arc::new(SqliteStore::open_in(state_dir).await?))
 }
 
+/// Open the store `database` names (for the CLI's key commands).
+pub async fn open_database(
+    database: &store::Database,
+) -> Result<Arc<dyn Store>, store::StoreError> {
+    store::open(database).await
+}
+
 /// How long a stop waits for in-flight API requests.
 const API_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 
@@ -101,7 +108,9 @@ impl Server {
                 source,
             })?;
         }
-        let store: Arc<dyn Store> = Arc::new(SqliteStore::open_in(&config.state_dir).await?);
+        let database = store::Database::choose(config.database_url.as_ref(), &config.state_dir);
+        tracing::info!(%database, "opening the store");
+        let store: Arc<dyn Store> = store::open(&database).await?;
         templates::ensure_base_template(
             store.as_ref(),
             &config.base_rootfs,
@@ -178,6 +187,11 @@ impl Server {
             Arc::new(templates::builder::agent_commands::EnvdCommands::new()),
             templates::builder::runner::BuildSettings {
                 build_timeout: config.build_timeout,
+                step_resources: warren_runtime::Resources {
+                    disk_mib: config.build_disk_mib,
+                    ..templates::builder::runner::BuildSettings::new(&config.state_dir)
+                        .step_resources
+                },
                 admission: Some(templates::builder::runner::Admission(Arc::new(
                     LifecycleAdmission {
                         lifecycle: Arc::clone(&lifecycle),
@@ -218,6 +232,7 @@ impl Server {
             metrics: Arc::clone(&metrics),
             builds,
             dashboard: Arc::new(dashboard::Sessions::new(tls.is_some())),
+            shutdown: shutdown_rx.clone(),
         });
         // With TLS the proxy's port also answers as `api.<domain>`: E2B_DOMAIN mode, where the SDK
         // reaches the API and the sandboxes on one HTTPS port.
@@ -253,6 +268,10 @@ impl Server {
         ));
         let webhooks_task =
             tokio::spawn(webhooks::run(Arc::clone(&lifecycle), shutdown_rx.clone()));
+        let pools_task = tokio::spawn(lifecycle::pool::run(
+            Arc::clone(&lifecycle),
+            shutdown_rx.clone(),
+        ));
         let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
             Arc::clone(&lifecycle),
             config.scheduler_interval,
@@ -271,6 +290,7 @@ impl Server {
                 scheduler_task,
                 monitor_task,
                 webhooks_task,
+                pools_task,
             ]
             .into_iter()
             .chain(code_interpreter)
@@ -279,7 +299,7 @@ impl Server {
     }
 
     /// Stop accepting, finish in-flight API requests, stop the scheduler. Sandboxes keep running; the next
-    /// start adopts them.
+    /// start adopts them. Warm-pool members, which no create has taken, are destroyed.
     pub async fn shutdown(self) -> Result<(), ServeError> {
         let _ = self.shutdown.send(true);
         for task in self.tasks {

@@ -51,6 +51,11 @@ struct ApiErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TemplateLabels {
+    template: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProxyLabels {
     outcome: String,
 }
@@ -66,6 +71,8 @@ pub struct Metrics {
     reconciled: Family<ReconcileLabels, Counter>,
     policy_actions: Family<PolicyLabels, Counter>,
     webhook_deliveries: Family<ProxyLabels, Counter>,
+    warm_pool_sandboxes: Family<TemplateLabels, Gauge>,
+    warm_pool_memory: Family<TemplateLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -102,6 +109,18 @@ impl Metrics {
             "webhook_deliveries",
             "Webhook deliveries by outcome (delivered, failed after the retries)",
             webhook_deliveries.clone(),
+        );
+        let warm_pool_sandboxes = Family::<TemplateLabels, Gauge>::default();
+        registry.register(
+            "warm_pool_sandboxes",
+            "Restored, frozen sandboxes waiting in a template's warm pool",
+            warm_pool_sandboxes.clone(),
+        );
+        let warm_pool_memory = Family::<TemplateLabels, Gauge>::default();
+        registry.register(
+            "warm_pool_memory_bytes",
+            "Memory the sandboxes waiting in a template's warm pool hold",
+            warm_pool_memory.clone(),
         );
         registry.register(
             "policy_actions",
@@ -144,7 +163,22 @@ impl Metrics {
             reconciled,
             policy_actions,
             webhook_deliveries,
+            warm_pool_sandboxes,
+            warm_pool_memory,
         }
+    }
+
+    /// The warm pool of `template` holds `size` sandboxes using `memory_bytes`.
+    pub fn warm_pool(&self, template: &str, size: usize, memory_bytes: u64) {
+        let labels = TemplateLabels {
+            template: template.to_string(),
+        };
+        self.warm_pool_sandboxes
+            .get_or_create(&labels)
+            .set(size as i64);
+        self.warm_pool_memory
+            .get_or_create(&labels)
+            .set(memory_bytes.min(i64::MAX as u64) as i64);
     }
 
     pub fn transition(&self, from: SandboxState, to: SandboxState) {

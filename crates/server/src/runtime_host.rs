@@ -13,6 +13,7 @@ pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigEr
         state_dir: config.state_dir.clone(),
         expedite_rcu: config.expedite_rcu,
         no_new_privs: config.no_new_privs,
+        lazy_restore: config.lazy_restore,
         egress_resolvers: config.egress_resolvers.clone(),
         egress_upstream_ca: config.egress_upstream_ca.clone(),
         ..LinuxRuntimeConfig::default()

@@ -848,9 +848,9 @@ async fn pause_checkpoints_and_resume_restores_when_the_runtime_can() {
         );
     }
     for (method, route, status) in [
-        ("DELETE", "/sandboxes/{id}", 404),
-        ("POST", "/sandboxes/{id}/pause", 409),
-        ("POST", "/sandboxes/{id}/resume", 409),
+        ("DELETE", "/sandboxes/{sandboxID}", 404),
+        ("POST", "/sandboxes/{sandboxID}/pause", 409),
+        ("POST", "/sandboxes/{sandboxID}/resume", 409),
     ] {
         let line = format!(
             "warren_api_errors_total{{method=\"{method}\",route=\"{route}\",status=\"{status}\"}} 1"

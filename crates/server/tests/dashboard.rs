@@ -324,3 +324,256 @@ async fn the_terminal_refuses_other_origins_and_a_missing_csrf_token() {
     let no_token = handshake(format!("http://{host}"), "").await;
     assert_error(&no_token, StatusCode::FORBIDDEN, "csrf");
 }
+
+#[tokio::test]
+async fn the_fleet_view_reads_the_teams_operation_times_and_policy_notes() {
+    use warren_server::lifecycle::state::SandboxState;
+    use warren_server::store::Policy;
+
+    let h = Harness::start(true, |_| {}).await;
+    let made = h.create(json!({"templateID": "base"})).await;
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    for action in ["pause", "resume"] {
+        let done = h
+            .api(
+                Method::POST,
+                &format!("/sandboxes/{id}/{action}"),
+                Some(json!({})),
+            )
+            .await;
+        assert!(done.status.is_success(), "{action}: {:?}", done.body);
+    }
+    let store = h.server.server.lifecycle.store();
+    let now = warren_server::lifecycle::now_millis();
+    let runaway =
+        "runaway process: pid 41 (\"sh -c while :; do :; done\", user user) at 99% CPU for 3 s";
+    store
+        .note_sandbox_event(
+            &id,
+            SandboxState::Running,
+            runaway,
+            Some(Policy::RunawayCpu),
+            now,
+        )
+        .await
+        .unwrap();
+    store
+        .note_sandbox_event(&id, SandboxState::Running, "not a policy's", None, now)
+        .await
+        .unwrap();
+    let a = login(&h, &h.server.api_key).await.1.unwrap();
+
+    let latency = a
+        .call(&h, Method::GET, "/dashboard/api/fleet/latency", false, None)
+        .await;
+    assert_eq!(latency.status, StatusCode::OK);
+    let mut operations: Vec<String> = latency.json()["operations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|op| {
+            assert_eq!(op["sandboxID"], id.as_str());
+            assert!(op["ms"].as_i64().unwrap() >= 0, "{op}");
+            op["operation"].as_str().unwrap().to_string()
+        })
+        .collect();
+    operations.sort();
+    assert_eq!(operations, ["create", "pause", "resume"]);
+    let bad = a
+        .call(
+            &h,
+            Method::GET,
+            "/dashboard/api/fleet/latency?minutes=0",
+            false,
+            None,
+        )
+        .await;
+    assert_error(&bad, StatusCode::BAD_REQUEST, "minutes");
+
+    let notes = a
+        .call(
+            &h,
+            Method::GET,
+            "/dashboard/api/fleet/policy-events",
+            false,
+            None,
+        )
+        .await;
+    assert_eq!(notes.status, StatusCode::OK);
+    let notes = notes.json();
+    let notes = notes.as_array().unwrap();
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert_eq!(notes[0]["policy"], "runaway_cpu");
+    assert_eq!(notes[0]["sandboxID"], id.as_str());
+    assert_eq!(notes[0]["templateID"], "base");
+    assert_eq!(notes[0]["message"], runaway);
+
+    // Another team sees none of it.
+    let b_key = h.team_key("blue").await;
+    let b = login(&h, &b_key).await.1.unwrap();
+    let b_latency = b
+        .call(&h, Method::GET, "/dashboard/api/fleet/latency", false, None)
+        .await;
+    assert_eq!(b_latency.json()["operations"], json!([]));
+    let b_notes = b
+        .call(
+            &h,
+            Method::GET,
+            "/dashboard/api/fleet/policy-events",
+            false,
+            None,
+        )
+        .await;
+    assert_eq!(b_notes.json(), json!([]));
+}
+
+/// An open server-sent event stream, read one event at a time.
+struct EventStream {
+    body: hyper::body::Incoming,
+    buffer: String,
+}
+
+impl EventStream {
+    async fn open(url: &str, headers: &[(&str, &str)]) -> (StatusCode, EventStream) {
+        use http_body_util::Empty;
+        use hyper_util::client::legacy::Client;
+        let client: Client<_, Empty<bytes::Bytes>> =
+            Client::builder(hyper_util::rt::TokioExecutor::new()).build_http();
+        let mut request = hyper::Request::builder().uri(url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        let response = client
+            .request(request.body(Empty::new()).unwrap())
+            .await
+            .unwrap();
+        let status = response.status();
+        let stream = EventStream {
+            body: response.into_body(),
+            buffer: String::new(),
+        };
+        (status, stream)
+    }
+
+    /// The next event as (name, id, data), skipping keep-alive comments; `None` when the stream
+    /// ends. Fails after 30 s without one.
+    async fn next(&mut self) -> Option<(String, String, String)> {
+        use http_body_util::BodyExt;
+        loop {
+            if let Some(end) = self.buffer.find("\n\n") {
+                let block: String = self.buffer.drain(..end + 2).collect();
+                let (mut name, mut id, mut data) = (String::new(), String::new(), String::new());
+                for line in block.lines() {
+                    if let Some(value) = line.strip_prefix("event: ") {
+                        name = value.to_string();
+                    } else if let Some(value) = line.strip_prefix("id: ") {
+                        id = value.to_string();
+                    } else if let Some(value) = line.strip_prefix("data: ") {
+                        data.push_str(value);
+                    }
+                }
+                if name.is_empty() && data.is_empty() {
+                    continue; // a comment
+                }
+                return Some((name, id, data));
+            }
+            let frame = tokio::time::timeout(std::time::Duration::from_secs(30), self.body.frame())
+                .await
+                .expect("an event within 30 s")?
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                self.buffer.push_str(&String::from_utf8_lossy(&data));
+            }
+        }
+    }
+}
+
+fn messages(data: &str) -> Vec<String> {
+    serde_json::from_str::<serde_json::Value>(data)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| entry["message"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test]
+async fn the_log_tail_pushes_new_lines_resumes_after_its_last_event_and_ends_with_the_sandbox() {
+    let h = Harness::start(true, |_| {}).await;
+    let made = h.create(json!({"templateID": "base"})).await;
+    let id = made["sandboxID"].as_str().unwrap().to_string();
+    let browser = login(&h, &h.server.api_key).await.1.unwrap();
+    let url = format!(
+        "{}/dashboard/api/sandboxes/{id}/logs/stream",
+        h.server.api_url
+    );
+    let (status, mut stream) = EventStream::open(&url, &[("cookie", &browser.cookie)]).await;
+    assert_eq!(status, StatusCode::OK);
+
+    // First the backlog: the sandbox's life so far.
+    let (name, first_id, data) = stream.next().await.unwrap();
+    assert_eq!(name, "lines");
+    let backlog = messages(&data);
+    assert!(
+        backlog.iter().any(|m| m.contains("creating -> running")),
+        "{backlog:?}"
+    );
+    assert!(
+        !backlog.iter().any(|m| m.contains("pausing")),
+        "{backlog:?}"
+    );
+
+    // Then what happens while the stream is open, pushed.
+    let paused = h
+        .api(Method::POST, &format!("/sandboxes/{id}/pause"), None)
+        .await;
+    assert_eq!(paused.status, StatusCode::NO_CONTENT);
+    let mut pushed = Vec::new();
+    while !pushed
+        .iter()
+        .any(|m: &String| m.contains("pausing -> paused"))
+    {
+        let (name, _, data) = stream.next().await.unwrap();
+        assert_eq!(name, "lines");
+        pushed.extend(messages(&data));
+    }
+    assert!(
+        pushed.iter().all(|m| !m.contains("creating")),
+        "nothing of the backlog is sent again: {pushed:?}"
+    );
+
+    // A reconnect with the first event's id continues after it: the pause, not the backlog.
+    let (_, mut resumed) = EventStream::open(
+        &url,
+        &[("cookie", &browser.cookie), ("last-event-id", &first_id)],
+    )
+    .await;
+    let (_, _, data) = resumed.next().await.unwrap();
+    let again = messages(&data);
+    assert!(
+        again.iter().any(|m| m.contains("running -> pausing")),
+        "{again:?}"
+    );
+    assert!(!again.iter().any(|m| m.contains("creating")), "{again:?}");
+
+    // Killed: the kill is pushed, then the stream ends.
+    let killed = h
+        .api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(killed.status, StatusCode::NO_CONTENT);
+    let mut last = String::new();
+    while let Some((name, _, data)) = stream.next().await {
+        if name == "lines" {
+            assert!(!messages(&data).is_empty());
+        }
+        last = name;
+    }
+    assert_eq!(last, "end");
+
+    // Another team's session cannot open it.
+    let b_key = h.team_key("blue").await;
+    let b = login(&h, &b_key).await.1.unwrap();
+    let (status, _) = EventStream::open(&url, &[("cookie", &b.cookie)]).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

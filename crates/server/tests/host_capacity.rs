@@ -35,6 +35,8 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
         sandbox_disk_bytes: 10_000 * MIB,
+        disk_reserve_bytes: 0,
+        disk_promised_bytes: 0,
     };
     let first = h.create(json!({"templateID": "base"})).await;
     let second = h.create(json!({"templateID": "base"})).await;
@@ -54,6 +56,8 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
         sandbox_disk_bytes: 99 * MIB,
+        disk_reserve_bytes: 4096 * MIB,
+        disk_promised_bytes: 1000 * MIB,
     };
     let (status, body) = refused_create(&h).await;
     assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
@@ -63,9 +67,16 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
         message.contains("insufficient storage") && message.contains("100 MiB"),
         "{message}"
     );
+    // The refusal says where the space went, so an operator can tell a full disk from promises.
+    assert!(
+        message.contains("4096 MiB reserve") && message.contains("1000 MiB that live sandboxes"),
+        "{message}"
+    );
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
         sandbox_disk_bytes: 100 * MIB,
+        disk_reserve_bytes: 0,
+        disk_promised_bytes: 0,
     };
     let third = h.create(json!({"templateID": "base"})).await;
     for sandbox in [&second, &third] {

@@ -41,12 +41,15 @@ async fn restart_adopts_loses_and_destroys() {
         state_dir: keep,
         ..
     } = h.server;
+    // The new server opens the same store (WARREN_TEST_DATABASE=postgres: the same database).
+    let database_url = old.lifecycle.config().database_url.clone();
     old.shutdown().await.unwrap();
     runtime.destroy(&vanished).unwrap();
     runtime.start_untracked("wtuntracked");
 
     let mut config =
         warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    config.database_url = database_url;
     config.domain = "example.test".to_string();
     let server = Server::start(config, runtime.clone()).await.unwrap();
     let mut adopted_ids = server.reconcile.adopted.clone();
@@ -102,13 +105,17 @@ async fn restart_thaws_a_source_frozen_by_a_cut_short_checkpoint() {
         state_dir: keep,
         ..
     } = h.server;
+    // The new server opens the same store (WARREN_TEST_DATABASE=postgres: the same database).
+    let database_url = old.lifecycle.config().database_url.clone();
     old.shutdown().await.unwrap();
     // What the dead server left: the source frozen, a half-written checkpoint.
     runtime.freeze(&id).unwrap();
     let half = state_dir.join("snapshots").join(".snap-x.tmp-1-2");
     std::fs::create_dir_all(half.join("images")).unwrap();
 
-    let config = warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    let mut config =
+        warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    config.database_url = database_url;
     let server = Server::start(config, runtime.clone()).await.unwrap();
     assert_eq!(server.reconcile.adopted, vec![id.clone()]);
     assert!(server.reconcile.orphan_dirs_removed.contains(&half));

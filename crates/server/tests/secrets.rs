@@ -205,20 +205,37 @@ async fn secrets_are_created_listed_updated_and_deleted_without_their_values() {
     );
 
     assert_not_in_database(h.server.state_dir());
-    // The raw row: a sealed value of the right size for the last version, no plaintext.
-    let pool = sqlx::SqlitePool::connect(&format!(
-        "sqlite://{}",
-        h.server.state_dir().join("warren.db").display()
-    ))
-    .await
-    .unwrap();
+    // The raw row: a sealed value of the right size for the last version, no plaintext (in the
+    // PostgreSQL database with WARREN_TEST_DATABASE=postgres).
+    let raw = "SELECT version, ciphertext, nonce FROM secrets WHERE id = $1";
     let (version, ciphertext, nonce): (i64, Vec<u8>, Vec<u8>) =
-        sqlx::query_as("SELECT version, ciphertext, nonce FROM secrets WHERE id = ?")
-            .bind(&id)
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-    pool.close().await;
+        match &h.server.server.lifecycle.config().database_url {
+            Some(url) => {
+                let pool = sqlx::PgPool::connect(url.expose()).await.unwrap();
+                let row = sqlx::query_as(raw)
+                    .bind(&id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                row
+            }
+            None => {
+                let pool = sqlx::SqlitePool::connect(&format!(
+                    "sqlite://{}",
+                    h.server.state_dir().join("warren.db").display()
+                ))
+                .await
+                .unwrap();
+                let row = sqlx::query_as(raw)
+                    .bind(&id)
+                    .fetch_one(&pool)
+                    .await
+                    .unwrap();
+                pool.close().await;
+                row
+            }
+        };
     assert_eq!(version, 2);
     assert_eq!(nonce.len(), 12);
     assert_eq!(ciphertext.len(), VALUE2.len() + 16);

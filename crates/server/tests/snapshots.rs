@@ -479,8 +479,12 @@ async fn restart_settles_half_finished_pauses_and_resumes() {
         state_dir: keep,
         ..
     } = h.server;
+    // The new server opens the same store (WARREN_TEST_DATABASE=postgres: the same database).
+    let database_url = old.lifecycle.config().database_url.clone();
     old.shutdown().await.unwrap();
-    let config = warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    let mut config =
+        warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+    config.database_url = database_url;
     let server = Server::start(config, runtime.clone()).await.unwrap();
     let mut settled = server.reconcile.settled.clone();
     settled.sort();
@@ -522,53 +526,15 @@ async fn restart_settles_half_finished_pauses_and_resumes() {
 /// restoring it; one without starts cold.
 #[tokio::test]
 async fn templates_from_running_state_restore_their_build_checkpoint() {
-    use warren_server::templates::builder::versions::{
-        BuiltTemplate, TemplateStart, TemplateVersions,
-    };
-
     let h = Harness::start(true, |_| {}).await;
-    let lifecycle = h.server.server.lifecycle.clone();
-    let store = lifecycle.store().clone();
+    let store = h.server.server.lifecycle.store().clone();
     let base = store.get_template("base").await.unwrap().unwrap();
-    let versions = TemplateVersions::new(h.server.state_dir());
-    let checkpoint = versions
-        .build_dir("wt-running", "b1")
-        .unwrap()
-        .join("checkpoint");
-    // What the build runner leaves: the started template sandbox, checkpointed (and gone).
-    h.runtime.start_untracked("wtbuilder");
-    h.runtime
-        .checkpoint("wtbuilder", &checkpoint, false)
-        .unwrap();
-    versions
-        .save(&BuiltTemplate {
-            template_id: "wt-running".into(),
-            build_id: "b1".into(),
-            created_at: "2026-12-02T00:00:00Z".into(),
-            layers: base.layers.clone(),
-            layer_keys: Vec::new(),
-            final_key: String::new(),
-            env: Default::default(),
-            user: "user".into(),
-            workdir: "/home/user".into(),
-            start_cmd: Some("python3 -m http.server".into()),
-            ready_cmd: None,
-            cpu_count: None,
-            memory_mb: None,
-            privileges: Default::default(),
-            start: TemplateStart::Checkpoint { dir: checkpoint },
-            build_seconds: 1.0,
-            cached_steps: 0,
-            total_steps: 1,
-        })
-        .unwrap();
-    for (id, build_id) in [("wt-running", "b1"), ("wt-cold", "none")] {
-        let mut template = base.clone();
-        template.id = id.to_string();
-        template.aliases = Vec::new();
-        template.build_id = build_id.to_string();
-        store.upsert_template(&template).await.unwrap();
-    }
+    support::running_state_template(&h, "wt-running").await;
+    let mut cold = base.clone();
+    cold.id = "wt-cold".to_string();
+    cold.aliases = Vec::new();
+    cold.build_id = "none".to_string();
+    store.upsert_template(&cold).await.unwrap();
 
     let created_before = h.runtime.recorded.lock().unwrap().created.len();
     let running = h.create(json!({"templateID": "wt-running"})).await;

@@ -376,10 +376,16 @@ async fn a_restart_fails_builds_left_unfinished_with_a_reason() {
         first.api(Method::GET, &path, None).await.json()["status"],
         json!("waiting")
     );
+    // The same store (WARREN_TEST_DATABASE=postgres: the same database).
+    let database_url = first.server.server.lifecycle.config().database_url.clone();
     drop(first);
 
     // A new server on the same state: the build it can never run is failed, not left waiting.
-    let second = Harness::start(false, |c| c.state_dir = dir.clone()).await;
+    let second = Harness::start(false, |c| {
+        c.state_dir = dir.clone();
+        c.database_url = database_url;
+    })
+    .await;
     let status = second.api(Method::GET, &path, None).await;
     assert_eq!(status.status, StatusCode::OK);
     let body = status.json();

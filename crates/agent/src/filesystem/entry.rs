@@ -22,9 +22,10 @@ pub fn io_to_connect(e: &std::io::Error, what: &str) -> ConnectError {
         ErrorKind::NotFound => Code::NotFound,
         ErrorKind::PermissionDenied => Code::PermissionDenied,
         ErrorKind::AlreadyExists => Code::AlreadyExists,
-        ErrorKind::NotADirectory | ErrorKind::IsADirectory | ErrorKind::InvalidInput => {
-            Code::InvalidArgument
-        }
+        ErrorKind::NotADirectory
+        | ErrorKind::IsADirectory
+        | ErrorKind::InvalidInput
+        | ErrorKind::InvalidFilename => Code::InvalidArgument,
         ErrorKind::DirectoryNotEmpty => Code::FailedPrecondition,
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded => Code::ResourceExhausted,
         _ if e.raw_os_error() == Some(libc::ELOOP) => Code::FailedPrecondition,

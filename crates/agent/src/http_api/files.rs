@@ -112,9 +112,15 @@ fn io_response(e: &std::io::Error, what: &str) -> Response {
     let status = match e.kind() {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-        ErrorKind::NotADirectory | ErrorKind::IsADirectory | ErrorKind::InvalidInput => {
-            StatusCode::BAD_REQUEST
-        }
+        // A name longer than the filesystem takes, or a symlink where the path may have none: the
+        // client's path is at fault, not the agent.
+        ErrorKind::NotADirectory
+        | ErrorKind::IsADirectory
+        | ErrorKind::InvalidInput
+        | ErrorKind::InvalidFilename => StatusCode::BAD_REQUEST,
+        _ if e.raw_os_error() == Some(libc::ELOOP) => StatusCode::BAD_REQUEST,
+        // What the body reader reports for a body cut short or a gzip stream that is not one.
+        ErrorKind::UnexpectedEof | ErrorKind::InvalidData => StatusCode::BAD_REQUEST,
         ErrorKind::StorageFull | ErrorKind::QuotaExceeded => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -282,41 +288,87 @@ fn metadata_from_headers(headers: &HeaderMap) -> Result<Vec<(String, String)>, R
 /// Creates the directories missing above `host` (below `root`) the way envd does: as root, mode
 /// 0755, each handed to the writing user. A user can thus write `/0/a/b.txt` although `/` is not
 /// theirs; directories that already exist are left as they are.
+///
+/// Root only ever works through real directories: the walk holds each directory open and opens the
+/// next component without following a symlink, so a link the user planted (or swaps in during the
+/// walk) cannot steer a root-made directory into a place the user could not write. From a symlink on,
+/// the rest of the chain is created with the user's own credentials, and the kernel decides.
 fn ensure_parents(
     root: &std::path::Path,
     host: &std::path::Path,
     id: &Identity,
 ) -> std::io::Result<()> {
-    use std::os::unix::fs::DirBuilderExt;
+    use nix::fcntl::{openat, OFlag};
+    use nix::sys::stat::{fstatat, mkdirat, Mode, SFlag};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
     let Some(parent) = host.parent() else {
         return Ok(());
     };
     let Ok(below_root) = parent.strip_prefix(root) else {
         return Ok(());
     };
-    let mut dir = root.to_path_buf();
+    let flags = OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+    let open_at = |dir: &OwnedFd, name: &std::ffi::OsStr| -> nix::Result<OwnedFd> {
+        let fd = openat(Some(dir.as_raw_fd()), name, flags, Mode::empty())?;
+        // SAFETY: openat returned a new descriptor that nothing else owns.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    };
+    let mut dir = OwnedFd::from(std::fs::File::open(root)?);
+    let mut walked = root.to_path_buf();
     for part in below_root.components() {
-        dir.push(part);
-        match std::fs::metadata(&dir) {
-            Ok(meta) if meta.is_dir() => continue,
-            Ok(_) => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::NotADirectory,
-                    format!("path is a file: {}", dir.display()),
-                ))
+        let name = part.as_os_str();
+        let next = match open_at(&dir, name) {
+            Ok(next) => next,
+            Err(nix::errno::Errno::ENOENT) => {
+                match mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o755)) {
+                    // EEXIST: made by a concurrent write meanwhile; opened (without following) below.
+                    Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
+                    Err(e) => return Err(e.into()),
+                }
+                let made = open_at(&dir, name).map_err(|e| {
+                    std::io::Error::other(format!("{}: {e}", walked.join(name).display()))
+                })?;
+                if identity::can_switch() {
+                    nix::unistd::fchown(
+                        made.as_raw_fd(),
+                        Some(id.uid.into()),
+                        Some(id.gid.into()),
+                    )?;
+                }
+                made
             }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
-        }
-        match std::fs::DirBuilder::new().mode(0o755).create(&dir) {
-            Ok(()) => {}
-            // Made by a concurrent write meanwhile.
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-            Err(e) => return Err(e),
-        }
-        if identity::can_switch() {
-            std::os::unix::fs::chown(&dir, Some(id.uid), Some(id.gid))?;
-        }
+            Err(nix::errno::Errno::ENOTDIR | nix::errno::Errno::ELOOP) => {
+                let stat = fstatat(
+                    Some(dir.as_raw_fd()),
+                    name,
+                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
+                )?;
+                if SFlag::from_bits_truncate(stat.st_mode) & SFlag::S_IFMT != SFlag::S_IFLNK {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::NotADirectory,
+                        format!("path is a file: {}", walked.join(name).display()),
+                    ));
+                }
+                // A symlink: whatever is left is the user's to make, as the user.
+                let parent = parent.to_path_buf();
+                return identity::with_fs_identity(id, move || {
+                    let made = std::fs::create_dir_all(&parent);
+                    match made {
+                        Ok(()) if !std::fs::metadata(&parent)?.is_dir() => {
+                            Err(std::io::Error::new(
+                                std::io::ErrorKind::NotADirectory,
+                                format!("path is a file: {}", parent.display()),
+                            ))
+                        }
+                        other => other,
+                    }
+                });
+            }
+            Err(e) => return Err(e.into()),
+        };
+        walked.push(name);
+        dir = next;
     }
     Ok(())
 }
@@ -517,7 +569,10 @@ pub async fn upload(
                 );
             }
             seen.push(path.sandbox.clone());
-            let reader = StreamReader::new(field.map_err(std::io::Error::other));
+            // A multipart stream that breaks off or breaks its own format is the client's fault (400).
+            let reader = StreamReader::new(
+                field.map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e)),
+            );
             if let Err(r) = write_file(&agent.root, &user, &path, reader, &metadata).await {
                 return r;
             }
@@ -561,6 +616,71 @@ pub async fn upload(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A root directory for the parent-making tests: `etc` root's (0755), `home/u` the user's.
+    fn parents_root(name: &str) -> Option<(std::path::PathBuf, Identity)> {
+        if !identity::can_switch() {
+            println!("SKIP: making parents as another user needs root");
+            return None;
+        }
+        let root = std::env::temp_dir().join(format!("wt-agent-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("etc")).unwrap();
+        std::fs::create_dir_all(root.join("home/u/data")).unwrap();
+        let nobody = Identity {
+            uid: 65534,
+            gid: 65534,
+            groups: vec![],
+        };
+        for dir in ["home/u", "home/u/data"] {
+            std::os::unix::fs::chown(root.join(dir), Some(nobody.uid), Some(nobody.gid)).unwrap();
+        }
+        Some((root, nobody))
+    }
+
+    fn owner(path: &std::path::Path) -> u32 {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::symlink_metadata(path).unwrap().uid()
+    }
+
+    #[test]
+    fn parents_are_made_for_the_user_through_real_directories() {
+        let Some((root, nobody)) = parents_root("parents") else {
+            return;
+        };
+        // Like envd: root makes them, even where the user could not, and hands them over.
+        ensure_parents(&root, &root.join("etc/a/b/file"), &nobody).unwrap();
+        assert_eq!(owner(&root.join("etc/a")), nobody.uid);
+        assert_eq!(owner(&root.join("etc/a/b")), nobody.uid);
+        assert_eq!(
+            owner(&root.join("etc")),
+            0,
+            "existing directories are left alone"
+        );
+        let planted = root.join("home/u/file");
+        std::fs::write(&planted, "").unwrap();
+        let err = ensure_parents(&root, &planted.join("x/y"), &nobody).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::NotADirectory, "{err}");
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn a_planted_symlink_does_not_lend_root_to_the_user() {
+        let Some((root, nobody)) = parents_root("symlink") else {
+            return;
+        };
+        // The user's link into a directory only root may write (relative, so it stays under the
+        // test's root): root must not make the user a directory there.
+        std::os::unix::fs::symlink("../../etc", root.join("home/u/link")).unwrap();
+        let err = ensure_parents(&root, &root.join("home/u/link/cron.d/job"), &nobody).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::PermissionDenied, "{err}");
+        assert!(!root.join("etc/cron.d").exists());
+        // Through a link to somewhere the user may write, the directories are made, as the user.
+        std::os::unix::fs::symlink("data", root.join("home/u/mine")).unwrap();
+        ensure_parents(&root, &root.join("home/u/mine/x/y/file"), &nobody).unwrap();
+        assert_eq!(owner(&root.join("home/u/data/x/y")), nobody.uid);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
 
     #[test]
     fn compression_only_where_it_pays() {

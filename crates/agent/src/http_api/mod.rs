@@ -235,18 +235,27 @@ struct LogsQuery {
     #[serde(default)]
     after: u64,
     limit: Option<usize>,
+    /// With nothing after `after` yet, wait this long (milliseconds, at most [`MAX_LOG_WAIT`]) for
+    /// an entry before answering.
+    #[serde(default)]
+    wait_ms: u64,
 }
 
-/// `GET /warren/logs?after=<seq>&limit=<n>` (Warren's own): the entries of the agent's log after
-/// `after`, oldest first, for the server to collect.
+/// The longest a log read waits for a new entry.
+const MAX_LOG_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// `GET /warren/logs?after=<seq>&limit=<n>[&wait_ms=<ms>]` (Warren's own): the entries of the
+/// agent's log after `after`, oldest first, for the server to collect; with `wait_ms`, a long poll.
 async fn logs_handler(
     State(agent): State<Arc<Agent>>,
     axum::extract::Query(query): axum::extract::Query<LogsQuery>,
 ) -> Json<crate::logbook::Page> {
+    let wait = std::time::Duration::from_millis(query.wait_ms).min(MAX_LOG_WAIT);
     Json(
         agent
             .logbook
-            .after(query.after, query.limit.unwrap_or(5000)),
+            .after_waiting(query.after, query.limit.unwrap_or(5000), wait)
+            .await,
     )
 }
 

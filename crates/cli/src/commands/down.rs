@@ -48,7 +48,10 @@ pub async fn run(_global: &GlobalArgs, args: DownArgs) -> Result<i32, CommandErr
         }
     }
     if args.kill_sandboxes {
-        let (sandboxes, untracked) = kill_sandboxes(&state_dir, args.agent.clone()).await?;
+        let database =
+            state_dir::database(&args.state).map_err(|e| DownError::Sandboxes(e.to_string()))?;
+        let (sandboxes, untracked) =
+            kill_sandboxes(&state_dir, &database, args.agent.clone()).await?;
         println!("killed {sandboxes} sandbox(es) and {untracked} untracked one(s)");
     }
     Ok(exit_code::OK)
@@ -76,6 +79,7 @@ async fn stop(pid: u32, state_dir: &Path, timeout: Duration) -> Result<(), DownE
 /// the runtime still has that no row names. Returns both counts.
 async fn kill_sandboxes(
     state_dir: &Path,
+    database: &warren_server::store::Database,
     agent: Option<std::path::PathBuf>,
 ) -> Result<(usize, usize), DownError> {
     let _lock = StateLock::acquire(state_dir)?;
@@ -83,7 +87,11 @@ async fn kill_sandboxes(
     config.agent_binary = agent;
     let runtime = warren_server::runtime_host::linux_runtime(&config)
         .map_err(|e| DownError::Runtime(e.to_string()))?;
-    let store = warren_server::open_store(state_dir)
+    config.database_url = match database {
+        warren_server::store::Database::Postgres(url) => Some(url.clone()),
+        warren_server::store::Database::Sqlite(_) => None,
+    };
+    let store = warren_server::open_database(database)
         .await
         .map_err(|e| DownError::Sandboxes(e.to_string()))?;
     let lifecycle = Lifecycle::new(

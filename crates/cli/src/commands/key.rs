@@ -1,15 +1,15 @@
 //! `warren key create|list|revoke`: API keys, through the server crate's key functions on the local
 //! store (see docs/cli.md for why not through the API).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use serde::Serialize;
-use warren_server::store::{ApiKeyRecord, StoreError, TeamRecord};
+use warren_server::store::{ApiKeyRecord, Database, StoreError, TeamRecord};
 use warren_server::Store;
 
 use super::{print_json, CommandError};
-use crate::args::{GlobalArgs, KeyCommand, TeamCommand};
+use crate::args::{GlobalArgs, KeyCommand, StateArgs, TeamCommand};
 use crate::exit_code;
 use crate::state_dir;
 use crate::table::Table;
@@ -21,12 +21,15 @@ const DATABASE_FILE: &str = "warren.db";
 pub enum KeyError {
     #[error("no Warren state in {0} (run `warren up` first, or pass --state-dir)")]
     NoState(PathBuf),
-    #[error("cannot open the store in {path}")]
+    /// `database` shows a PostgreSQL URL without its password.
+    #[error("cannot open the store ({database})")]
     Open {
-        path: PathBuf,
+        database: String,
         #[source]
         source: StoreError,
     },
+    #[error("{0}")]
+    Usage(String),
     #[error(transparent)]
     Key(#[from] warren_server::keys::KeyError),
 }
@@ -41,6 +44,7 @@ impl KeyError {
                 | warren_server::keys::KeyError::BadTeamName(_)
                 | warren_server::keys::KeyError::TeamExists(_),
             ) => exit_code::USAGE,
+            KeyError::Usage(_) => exit_code::USAGE,
             _ => exit_code::ERROR,
         }
     }
@@ -76,14 +80,19 @@ impl From<&ApiKeyRecord> for KeyView {
     }
 }
 
-pub async fn open_store(dir: &Path, must_exist: bool) -> Result<Arc<dyn Store>, KeyError> {
-    if must_exist && !dir.join(DATABASE_FILE).exists() {
-        return Err(KeyError::NoState(dir.to_path_buf()));
+/// The store `state` names (`--database-url`, else the state directory's SQLite file, which must
+/// exist already when `must_exist`).
+pub async fn open_store(state: &StateArgs, must_exist: bool) -> Result<Arc<dyn Store>, KeyError> {
+    let database = state_dir::database(state).map_err(|e| KeyError::Usage(e.to_string()))?;
+    if let Database::Sqlite(dir) = &database {
+        if must_exist && !dir.join(DATABASE_FILE).exists() {
+            return Err(KeyError::NoState(dir.clone()));
+        }
     }
-    warren_server::open_store(dir)
+    warren_server::open_database(&database)
         .await
         .map_err(|source| KeyError::Open {
-            path: dir.to_path_buf(),
+            database: database.to_string(),
             source,
         })
 }
@@ -96,7 +105,7 @@ pub async fn run(global: &GlobalArgs, command: KeyCommand) -> Result<i32, Comman
             admin,
             state,
         } => {
-            let store = open_store(&state_dir::resolve(&state), false).await?;
+            let store = open_store(&state, false).await?;
             let created = warren_server::keys::create_key(store.as_ref(), &name, &team, admin)
                 .await
                 .map_err(KeyError::from)?;
@@ -117,7 +126,7 @@ pub async fn run(global: &GlobalArgs, command: KeyCommand) -> Result<i32, Comman
             }
         }
         KeyCommand::List { state } => {
-            let store = open_store(&state_dir::resolve(&state), true).await?;
+            let store = open_store(&state, true).await?;
             let keys = warren_server::keys::list_keys(store.as_ref())
                 .await
                 .map_err(KeyError::from)?;
@@ -129,7 +138,7 @@ pub async fn run(global: &GlobalArgs, command: KeyCommand) -> Result<i32, Comman
             }
         }
         KeyCommand::Revoke { id, state } => {
-            let store = open_store(&state_dir::resolve(&state), true).await?;
+            let store = open_store(&state, true).await?;
             let revoked = warren_server::keys::revoke_key(store.as_ref(), &id)
                 .await
                 .map_err(KeyError::from)?;
@@ -153,7 +162,7 @@ pub async fn run_team(global: &GlobalArgs, command: TeamCommand) -> Result<i32, 
             max_memory_mib,
             state,
         } => {
-            let store = open_store(&state_dir::resolve(&state), false).await?;
+            let store = open_store(&state, false).await?;
             let quotas = warren_server::keys::TeamQuotas {
                 max_sandboxes,
                 max_vcpus,
@@ -169,7 +178,7 @@ pub async fn run_team(global: &GlobalArgs, command: TeamCommand) -> Result<i32, 
             }
         }
         TeamCommand::List { state } => {
-            let store = open_store(&state_dir::resolve(&state), true).await?;
+            let store = open_store(&state, true).await?;
             let teams = warren_server::keys::list_teams(store.as_ref())
                 .await
                 .map_err(KeyError::from)?;
@@ -291,11 +300,15 @@ mod tests {
     async fn create_list_revoke_on_a_fresh_store() {
         let dir = std::env::temp_dir().join(format!("wt-cli-keys-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
+        let state = StateArgs {
+            state_dir: Some(dir.clone()),
+            database_url: None,
+        };
         assert!(matches!(
-            open_store(&dir, true).await,
+            open_store(&state, true).await,
             Err(KeyError::NoState(_))
         ));
-        let store = open_store(&dir, false).await.expect("store");
+        let store = open_store(&state, false).await.expect("store");
         let created = warren_server::keys::create_key(store.as_ref(), "t", "default", false)
             .await
             .expect("create");

@@ -5,6 +5,7 @@ pub mod down;
 pub mod events;
 pub mod gc;
 pub mod key;
+pub mod lab;
 pub mod logs;
 pub mod sandbox;
 pub mod shell;
@@ -38,6 +39,8 @@ pub enum CommandError {
     Template(#[from] template::TemplateError),
     #[error(transparent)]
     Down(#[from] down::DownError),
+    #[error(transparent)]
+    Lab(#[from] lab::LabError),
 }
 
 impl CommandError {
@@ -48,6 +51,8 @@ impl CommandError {
             CommandError::Usage(_) => exit_code::USAGE,
             CommandError::Key(err) => err.exit_code(),
             CommandError::Template(_) | CommandError::Down(_) => exit_code::ERROR,
+            CommandError::Lab(lab::LabError::NoLevel(_)) => exit_code::USAGE,
+            CommandError::Lab(_) => exit_code::ERROR,
             CommandError::Terminal(_) | CommandError::Output(_) | CommandError::Server(_) => {
                 exit_code::ERROR
             }
@@ -68,6 +73,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Events(args) => events::run(&global, args).await,
         Command::Down(args) => down::run(&global, args).await,
         Command::Gc(args) => gc::run(&global, args),
+        Command::Lab(command) => lab::run(&global, command).await,
     }
 }
 

@@ -230,7 +230,7 @@ async fn build(global: &GlobalArgs, args: TemplateBuildArgs) -> Result<i32, Comm
 }
 
 /// Polls the build to its end, showing a spinner on the running step and each log line under it.
-async fn follow(
+pub async fn follow(
     client: &ApiClient,
     template_id: &str,
     build_id: &str,

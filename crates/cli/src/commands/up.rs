@@ -33,6 +33,7 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
     let proxy_listen = parse_listen("--proxy-listen", &args.proxy_listen)?;
     let state_dir = state_dir::resolve(&args.state);
     let mut config = server_config(state_dir.clone(), api_listen, proxy_listen, &args);
+    config.database_url = state_dir::database_url(&args.state)?;
     config.egress_resolvers = args
         .egress_resolvers
         .iter()
@@ -47,7 +48,7 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
         _ => None,
     };
 
-    let first_key = ensure_first_key(&state_dir)
+    let first_key = ensure_first_key(&args.state)
         .await
         .map_err(UpError::FirstKey)?;
     let scheme = match config.tls {
@@ -69,7 +70,11 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
     if let Some(ca) = &local_ca {
         print!("{}", trust_lines(ca));
     }
-    tracing::info!(state_dir = %state_dir.display(), "starting warren");
+    tracing::info!(
+        state_dir = %state_dir.display(),
+        database = %state_dir::database(&args.state)?,
+        "starting warren"
+    );
 
     warren_server::serve(config).await.map_err(UpError::Serve)?;
     Ok(exit_code::OK)
@@ -108,6 +113,9 @@ fn server_config(
     if let Some(mib) = args.volume_size_mib {
         config.limits.volume_size_mib = mib;
     }
+    if let Some(slots) = args.setup_concurrency {
+        config.limits.setup_concurrency = slots;
+    }
     if let Some(max) = args.sandbox_max_pids {
         config.default_resources.max_pids = max;
     }
@@ -116,9 +124,12 @@ fn server_config(
     }
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
+    config.lazy_restore = !args.no_lazy_restore;
     config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config.secrets_key_file = args.secrets_key_file.clone();
+    config.warm_pools = args.warm_pool.clone();
     config.build_timeout = std::time::Duration::from_secs(args.build_timeout_secs.max(1));
+    config.build_disk_mib = args.build_disk_mib.max(64);
     config.webhook_retry_interval = std::time::Duration::from_secs(args.webhook_retry_secs);
     config.monitor = warren_server::config::MonitorConfig {
         interval: std::time::Duration::from_secs(args.metrics_interval_secs.max(1)),
@@ -160,8 +171,8 @@ fn parse_listen(flag: &str, raw: &str) -> Result<SocketAddr, CommandError> {
 }
 
 /// Creates a key when the store has no live one; returns its secret (the only time it is known).
-async fn ensure_first_key(state_dir: &std::path::Path) -> Result<Option<String>, KeyError> {
-    let store = key::open_store(state_dir, false).await?;
+async fn ensure_first_key(state: &crate::args::StateArgs) -> Result<Option<String>, KeyError> {
+    let store = key::open_store(state, false).await?;
     let keys = warren_server::keys::list_keys(store.as_ref()).await?;
     if keys.iter().any(|k| k.revoked_at.is_none()) {
         return Ok(None);
@@ -375,9 +386,13 @@ mod tests {
     async fn first_key_is_created_once() {
         let dir = std::env::temp_dir().join(format!("wt-cli-up-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let first = ensure_first_key(&dir).await.expect("first");
+        let state = crate::args::StateArgs {
+            state_dir: Some(dir.clone()),
+            database_url: None,
+        };
+        let first = ensure_first_key(&state).await.expect("first");
         assert!(first.is_some_and(|k| k.starts_with(warren_server::keys::SECRET_PREFIX)));
-        assert_eq!(ensure_first_key(&dir).await.expect("second"), None);
+        assert_eq!(ensure_first_key(&state).await.expect("second"), None);
         std::fs::remove_dir_all(&dir).expect("cleanup");
     }
 }

@@ -116,6 +116,8 @@ impl Runtime for HostAgentRuntime {
         Ok(HostCapacity {
             sandbox_tasks: u64::MAX,
             sandbox_disk_bytes: u64::MAX,
+            disk_reserve_bytes: 0,
+            disk_promised_bytes: 0,
         })
     }
 

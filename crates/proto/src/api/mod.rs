@@ -31,6 +31,7 @@ pub const ENVD_ACCESS_TOKEN_HEADER: &str = "X-Access-Token";
 
 /// Error body of every non-2xx answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct Error {
     /// The HTTP status code, repeated.
     pub code: u16,

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 /// `POST /sandboxes` and `POST /v2/sandboxes` body. Unknown fields are refused (a field the server
 /// does not know is a feature it would otherwise silently not provide).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewSandbox {
     #[serde(rename = "templateID")]
@@ -52,6 +53,7 @@ pub struct NewSandbox {
 /// Warren's own `policies` of a create body: what the monitor does about this sandbox. A field left
 /// out keeps the server's default (`warren up --runaway-…`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxPolicies {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -79,6 +81,7 @@ pub struct SandboxPolicies {
 /// A process that holds `cpuPercent` of one core for `seconds` is a runaway: an event names it, and
 /// with `kill` it is killed. `cpuPercent: 0` turns the policy off for the sandbox.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct RunawayPolicyOverride {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -91,6 +94,7 @@ pub struct RunawayPolicyOverride {
 
 /// The `network` object of a create body (E2B's `SandboxNetworkConfig`).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxNetwork {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -113,6 +117,7 @@ pub struct SandboxNetwork {
 
 /// `PUT /sandboxes/{id}/network` body (E2B's `SandboxNetworkUpdateConfig`): replaces the rules.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxNetworkUpdate {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -146,12 +151,14 @@ impl SandboxNetworkUpdate {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AutoResumeConfig {
     pub enabled: bool,
 }
 
 /// Answer to create and connect.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Sandbox {
     #[serde(rename = "templateID")]
@@ -173,6 +180,7 @@ pub struct Sandbox {
 
 /// Sandbox state as the API shows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {
     Running,
@@ -197,6 +205,7 @@ impl SandboxState {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum OnTimeout {
     Kill,
@@ -204,6 +213,7 @@ pub enum OnTimeout {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxLifecycle {
     pub auto_resume: bool,
@@ -212,6 +222,7 @@ pub struct SandboxLifecycle {
 
 /// What the latest pause saved.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum PauseMode {
     Full,
@@ -220,6 +231,7 @@ pub enum PauseMode {
 
 /// `GET /sandboxes/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxDetail {
     #[serde(rename = "templateID")]
@@ -262,6 +274,7 @@ pub struct SandboxDetail {
 
 /// One item of `GET /sandboxes` and `GET /v2/sandboxes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ListedSandbox {
     #[serde(rename = "templateID")]
@@ -287,12 +300,14 @@ pub struct ListedSandbox {
 
 /// `POST /sandboxes/{id}/timeout`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxTimeoutRequest {
     pub timeout: i64,
 }
 
 /// `POST /sandboxes/{id}/connect`, `/v2/sandboxes/{id}/connect` and `/resume`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ConnectSandbox {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -307,6 +322,7 @@ pub struct ConnectSandbox {
 
 /// `POST /sandboxes/{id}/pause`.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxPauseRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -317,6 +333,7 @@ pub struct SandboxPauseRequest {
 
 /// One sample of `GET /sandboxes/{id}/metrics`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxMetric {
     pub timestamp: DateTime<Utc>,
@@ -338,12 +355,14 @@ pub struct SandboxMetric {
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest sample of each sandbox that has one.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxesWithMetrics {
     pub sandboxes: std::collections::BTreeMap<String, SandboxMetric>,
 }
 
 /// One item of Warren's own `GET /sandboxes/{id}/processes`: PIDs as the sandbox sees them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxProcess {
     pub pid: u32,
@@ -358,6 +377,7 @@ pub struct SandboxProcess {
 
 /// Warren's own `GET /sandboxes/{id}/disk`: how full the writable layer is and its largest files.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxDiskUsage {
     pub used_bytes: u64,
@@ -366,6 +386,7 @@ pub struct SandboxDiskUsage {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxFile {
     /// As the sandbox sees it.
@@ -375,6 +396,7 @@ pub struct SandboxFile {
 
 /// One item of `GET /events/sandboxes[/{id}]` (E2B's lifecycle events API).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxLifecycleEvent {
     pub version: String,
@@ -394,6 +416,7 @@ pub struct SandboxLifecycleEvent {
 
 /// `GET /sandboxes/{id}/logs`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SandboxLogs {
     pub logs: Vec<SandboxLog>,
@@ -402,17 +425,20 @@ pub struct SandboxLogs {
 
 /// `GET /v2/sandboxes/{id}/logs`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxLogsV2 {
     pub logs: Vec<SandboxLogEntry>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxLog {
     pub timestamp: DateTime<Utc>,
     pub line: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxLogEntry {
     pub timestamp: DateTime<Utc>,
     pub message: String,
@@ -423,6 +449,7 @@ pub struct SandboxLogEntry {
 
 /// Body of envd's `POST /init`, sent by the server right after a sandbox starts or is restored.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct EnvdInit {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -7,6 +7,7 @@ use super::{Error, Sandbox};
 
 /// Body of `POST /sandboxes/{id}/fork`; E2B's defaults are 15 s and one fork.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxForkRequest {
     /// Time to live of every fork, in seconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -18,6 +19,7 @@ pub struct SandboxForkRequest {
 
 /// One requested fork: exactly one of `sandbox` and `error` is set.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxForkResult {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sandbox: Option<Sandbox>,
@@ -27,6 +29,7 @@ pub struct SandboxForkResult {
 
 /// Body of `POST /sandboxes/{id}/snapshots`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SandboxSnapshotRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub name: Option<String>,
@@ -38,6 +41,7 @@ pub struct SandboxSnapshotRequest {
 /// A snapshot as `create_snapshot` returns it and `GET /snapshots` lists it. The `snapshotID` is usable as
 /// a `templateID` in `POST /sandboxes`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct SnapshotInfo {
     #[serde(rename = "snapshotID")]

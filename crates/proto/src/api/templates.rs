@@ -4,6 +4,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum TemplateBuildStatus {
     Building,
@@ -13,6 +14,7 @@ pub enum TemplateBuildStatus {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TeamUser {
     pub id: String,
     pub email: String,
@@ -20,6 +22,7 @@ pub struct TeamUser {
 
 /// One item of `GET /templates`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Template {
     #[serde(rename = "templateID")]
@@ -53,6 +56,7 @@ fn is_default<T: Default + PartialEq>(value: &T) -> bool {
 
 /// Body of `PATCH /templates/{id}` and `/v2/templates/{id}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplateUpdateRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -65,11 +69,13 @@ pub struct TemplateUpdateRequest {
 
 /// Answer of `PATCH /v2/templates/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateUpdateResponse {
     pub names: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuild {
     #[serde(rename = "buildID")]
@@ -94,6 +100,7 @@ pub struct TemplateBuild {
 
 /// `GET /templates/{id}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateWithBuilds {
     #[serde(flatten)]
     pub template: Template,
@@ -103,6 +110,7 @@ pub struct TemplateWithBuilds {
 /// Warren's own build-request field `privileges`: what the template's sandboxes may do beyond the
 /// default set. Both are off unless an admin key asks for them (docs/security.md).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TemplatePrivileges {
     /// Keep CAP_NET_RAW: raw and packet sockets (tcpdump, traceroute's raw modes).
@@ -122,6 +130,7 @@ impl TemplatePrivileges {
 
 /// `POST /v3/templates` body: request a build of template `name` (SDK Template builder).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildRequestV3 {
     /// `name` or `name:tag`.
@@ -149,6 +158,7 @@ pub struct TemplateBuildRequestV3 {
 
 /// Answer to a build request (`TemplateRequestResponseV3`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateRequestResponse {
     #[serde(rename = "templateID")]
@@ -164,6 +174,7 @@ pub struct TemplateRequestResponse {
 /// Legacy `POST /templates` body: a Dockerfile build. `contextHash` (Warren) names an archive of the
 /// build context uploaded through `GET`/`PUT /templates/{id}/files/{hash}` before the build starts.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildRequest {
     pub dockerfile: String,
@@ -186,6 +197,7 @@ pub struct TemplateBuildRequest {
 
 /// `GET /templates/{id}/files/{hash}`: whether the archive is already here and where to PUT it if not.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateBuildFileUpload {
     pub present: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -194,6 +206,7 @@ pub struct TemplateBuildFileUpload {
 
 /// `GET /templates/aliases/{alias}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateAliasResponse {
     #[serde(rename = "templateID")]
     pub template_id: String,
@@ -202,6 +215,7 @@ pub struct TemplateAliasResponse {
 
 /// One build log entry as the status endpoint sends it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct BuildLogEntry {
     pub timestamp: DateTime<Utc>,
     /// `debug`, `info`, `warn` or `error`.
@@ -213,6 +227,7 @@ pub struct BuildLogEntry {
 
 /// Why a build failed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BuildStatusReason {
     pub message: String,
@@ -224,6 +239,7 @@ pub struct BuildStatusReason {
 
 /// `GET /templates/{id}/builds/{buildID}/status` (`TemplateBuildInfo`), as clients read it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildInfo {
     #[serde(rename = "templateID")]
@@ -242,6 +258,7 @@ pub struct TemplateBuildInfo {
 /// `POST /templates/tags`: point `tags` at the build that `target` (`name:tag`, or `name` for the
 /// current build) names.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AssignTemplateTagsRequest {
     pub target: String,
     pub tags: Vec<String>,
@@ -249,6 +266,7 @@ pub struct AssignTemplateTagsRequest {
 
 /// Answer to `POST /templates/tags` (201).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct AssignedTemplateTags {
     pub tags: Vec<String>,
     #[serde(rename = "buildID")]
@@ -257,6 +275,7 @@ pub struct AssignedTemplateTags {
 
 /// `DELETE /templates/tags` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct DeleteTemplateTagsRequest {
     pub name: String,
     pub tags: Vec<String>,
@@ -264,6 +283,7 @@ pub struct DeleteTemplateTagsRequest {
 
 /// One entry of `GET /templates/{templateID}/tags`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct TemplateTag {
     pub tag: String,
     #[serde(rename = "buildID")]

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 /// `POST /volumes` body.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct NewVolume {
     pub name: String,
@@ -12,6 +13,7 @@ pub struct NewVolume {
 
 /// `GET /volumes` item.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct Volume {
     #[serde(rename = "volumeID")]
@@ -21,6 +23,7 @@ pub struct Volume {
 
 /// `POST /volumes` and `GET /volumes/{id}` answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeAndToken {
     #[serde(rename = "volumeID")]
@@ -33,6 +36,7 @@ pub struct VolumeAndToken {
 
 /// One entry of the create body's `volumeMounts`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct SandboxVolumeMount {
     pub name: String,
@@ -42,6 +46,7 @@ pub struct SandboxVolumeMount {
 /// What `/volumecontent` says about one entry (`type`: directory, file, symlink or unknown; times
 /// RFC 3339).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct VolumeEntryStat {
     pub name: String,
@@ -61,6 +66,7 @@ pub struct VolumeEntryStat {
 
 /// `PATCH /volumecontent/{id}/path` body.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct VolumeMetadataUpdate {
     #[serde(default)]

@@ -7,6 +7,7 @@ use super::Sandbox;
 
 /// Body of `POST /workspaces/{user_id}/sandbox` (every field optional).
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct WorkspaceSandboxRequest {
     /// Template of the workspace's sandboxes; only the first call may set it (later calls must name
@@ -25,6 +26,7 @@ pub struct WorkspaceSandboxRequest {
 /// Answer of `POST /workspaces/{user_id}/sandbox`: the user's sandbox (connect to it as to any) and what
 /// was done to hand it over: `created`, `existing`, `resumed` or `replaced`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceSandbox {
     #[serde(rename = "userID")]
@@ -37,6 +39,7 @@ pub struct WorkspaceSandbox {
 
 /// One move of a workspace's history.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceMove {
     #[serde(rename = "sandboxID")]
@@ -49,6 +52,7 @@ pub struct WorkspaceMove {
 
 /// Answer of `GET /workspaces/{user_id}/history`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct WorkspaceHistory {
     #[serde(rename = "userID")]

@@ -4,11 +4,14 @@
 //! a small image that only waits for the init and records how it ended. When that process dies
 //! (killed from outside), `warren-supervisor adopt <init-pid> <sandbox-dir>` starts a detached `wait`
 //! for the running init again and prints its pid: the sandbox gets its dead man's switch back.
+//! `warren-supervisor serve-pages <checkpoint> <images> <socket-fd> <report-fd>` answers the page
+//! requests of a lazy restore's `criu lazy-pages` daemon from the checkpoint (started by `run`).
 
 use std::path::{Path, PathBuf};
 
 const USAGE: &str =
-    "usage: warren-supervisor run <config.json> --status-fd <fd> | adopt <init-pid> <sandbox-dir>";
+    "usage: warren-supervisor run <config.json> --status-fd <fd> | adopt <init-pid> <sandbox-dir> \
+     | serve-pages <checkpoint> <images> <socket-fd> <report-fd>";
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -29,6 +32,19 @@ fn main() {
             Ok(pid) if pid > 1 => warren_runtime::supervisor::adopt(pid, Path::new(dir)),
             _ => usage(),
         },
+        [_, serve, checkpoint, images, socket, report] if serve == "serve-pages" => {
+            match (socket.parse::<i32>(), report.parse::<i32>()) {
+                (Ok(socket), Ok(report)) if socket > 2 && report > 2 => {
+                    warren_runtime::checkpoint::lazy_pages::serve_pages(
+                        Path::new(checkpoint),
+                        Path::new(images),
+                        socket,
+                        report,
+                    )
+                }
+                _ => usage(),
+            }
+        }
         _ => usage(),
     };
     std::process::exit(code);

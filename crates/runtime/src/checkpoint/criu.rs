@@ -65,6 +65,8 @@ pub struct RestoreArgs<'a> {
     pub lxcfs: Option<&'a Path>,
     /// The volumes' host mounts, to map the images' `volume-<n>` external mounts back to.
     pub volumes: &'a [crate::rootfs::volume_disk::VolumeBind],
+    /// Leave the lazy memory to the `criu lazy-pages` daemon waiting in this directory.
+    pub lazy_dir: Option<&'a Path>,
 }
 
 /// Where the CRIU that scripts/setup builds keeps its kernel-feature cache (its RUNDIR): on a tmpfs,
@@ -410,6 +412,11 @@ fn restore_arguments(args: &RestoreArgs<'_>) -> Vec<OsString> {
     }
     out.push("--inherit-fd".into());
     out.push(format!("fd[{NETNS_FD}]:{NETNS_KEY}").into());
+    if let Some(dir) = args.lazy_dir {
+        out.push("--lazy-pages".into());
+        out.push("--work-dir".into());
+        out.push(dir.into());
+    }
     out
 }
 

@@ -7,11 +7,17 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::page_chunks::PageChunks;
 use super::CheckpointError;
 
 pub const MANIFEST_FILE: &str = "manifest.json";
-/// Bumped when the layout changes; older checkpoints are refused with a clear error.
-pub const FORMAT: u32 = 1;
+/// Bumped when the layout changes; formats this Warren does not know are refused with a clear error.
+/// Format 2 stores the memory-page images in independently compressed chunks, each with a checksum
+/// ([`StoredFile::chunks`]), which a lazy restore serves from directly; format 1 (whole-file zstd page
+/// images, whole-file SHA-256) is still read and restored the eager way.
+pub const FORMAT: u32 = 2;
+/// The formats [`Manifest::from_json`] accepts.
+const READABLE_FORMATS: std::ops::RangeInclusive<u32> = 1..=FORMAT;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Manifest {
@@ -48,8 +54,12 @@ pub struct StoredFile {
     pub stored_bytes: u64,
     pub raw_bytes: u64,
     pub zstd: bool,
-    /// SHA-256 of the stored bytes, hex.
+    /// SHA-256 of the stored bytes, hex; empty for a file checked by `chunks` instead.
     pub sha256: String,
+    /// The chunks of a memory-page image of format 2 (`zstd` is false: chunks are compressed one by
+    /// one); a file with them has no `sha256`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chunks: Option<PageChunks>,
 }
 
 impl Manifest {
@@ -78,16 +88,28 @@ impl Manifest {
     pub fn from_json(bytes: &[u8]) -> Result<Self, CheckpointError> {
         let manifest: Manifest = serde_json::from_slice(bytes)
             .map_err(|e| CheckpointError::Invalid(format!("manifest: {e}")))?;
-        if manifest.format != FORMAT {
+        if !READABLE_FORMATS.contains(&manifest.format) {
             return Err(CheckpointError::Invalid(format!(
-                "checkpoint format {}, this Warren reads {FORMAT}",
-                manifest.format
+                "checkpoint format {}, this Warren reads {} to {}",
+                manifest.format,
+                READABLE_FORMATS.start(),
+                READABLE_FORMATS.end()
             )));
         }
         for file in manifest.images.iter().chain([&manifest.layer]) {
             if !is_plain_relative(&file.path) || !is_plain_name(&file.name) {
                 return Err(CheckpointError::Invalid(format!(
                     "bad file name {:?}",
+                    file.path
+                )));
+            }
+            let checked = match &file.chunks {
+                Some(chunks) => !file.zstd && chunks.fits(file.raw_bytes, file.stored_bytes),
+                None => !file.sha256.is_empty(),
+            };
+            if !checked {
+                return Err(CheckpointError::Invalid(format!(
+                    "{}: no usable checksum",
                     file.path
                 )));
             }
@@ -134,6 +156,7 @@ mod tests {
             raw_bytes: 20,
             zstd: true,
             sha256: "00".into(),
+            chunks: None,
         };
         Manifest {
             format: FORMAT,

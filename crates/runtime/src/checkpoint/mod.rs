@@ -6,15 +6,22 @@
 //! - dump: freeze → `criu dump` (leaves the tree frozen) → archive the layer → checksum → rename into
 //!   place. Any failure thaws the sandbox (unless it was frozen before) and leaves no directory: the
 //!   sandbox runs on as it was.
-//! - restore: verify every checksum → unpack the layer into the new upper dir → CRIU restores. The
-//!   checkpoint is only ever read, so a failed restore leaves it intact for another try.
+//! - restore: verify the layer's checksum → unpack it into the new upper dir → lay the images out for
+//!   CRIU (hard links; format-1 zstd images decompressed and verified) → CRIU restores. Memory pages
+//!   are checked per chunk: with a page server ([`RestoreTarget::page_server`]) the restore is lazy
+//!   (see [`lazy_pages`]) and only the pages CRIU reads itself are checked before it starts; without
+//!   one every chunk is checked first, in parallel. The checkpoint is only ever read, so a failed
+//!   restore leaves it intact for another try.
 //!
 //! docs/checkpoints.md records which CRIU options this takes on this kind of host and why.
 
 mod address_move;
 pub mod criu;
 pub mod freezer;
+pub mod lazy_pages;
 pub mod manifest;
+pub mod page_chunks;
+pub mod pagemap;
 pub mod store;
 
 use std::net::Ipv4Addr;
@@ -24,6 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use criu::Criu;
 pub use freezer::FreezerCgroup;
+pub use lazy_pages::{LazyTransfer, TransferEnd};
 pub use manifest::Manifest;
 
 use crate::CheckpointInfo;
@@ -92,6 +100,9 @@ pub struct RestoreTarget<'a> {
     pub lxcfs: Option<&'a Path>,
     /// Volumes to bind again where the checkpoint had them (never part of the checkpoint).
     pub volumes: &'a [crate::rootfs::volume_disk::VolumeBind],
+    /// Restore lazily (when the checkpoint's format allows it), with this `warren-supervisor` binary
+    /// serving the pages; `None` restores every page before the tree runs.
+    pub page_server: Option<&'a Path>,
 }
 
 /// Timings of one dump, for logs and benchmarks.
@@ -111,7 +122,7 @@ pub struct Dumped {
 }
 
 /// What a restore produced.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug)]
 pub struct Restored {
     /// Host PID of the restored PID 1.
     pub init_pid: u32,
@@ -120,6 +131,9 @@ pub struct Restored {
     pub unpack: Duration,
     pub criu: Duration,
     pub total: Duration,
+    /// The memory still on its way (a lazy restore): the caller must see it through
+    /// ([`LazyTransfer::watch`]) and end it ([`LazyTransfer::finish`]).
+    pub transfer: Option<LazyTransfer>,
 }
 
 /// CRIU as found on this host at start-up (or why not).
@@ -314,24 +328,56 @@ impl Checkpointer {
         let started = Instant::now();
         let images = target.work_dir.join(store::IMAGES_DIR);
         remove_if_present(&images)?;
+        let servable = lazy_pages::servable(manifest);
         match target.image_cache {
-            Some(cache) => {
+            // Raw page images are linked, not copied: nothing to cache.
+            Some(cache) if !servable => {
                 store::unpack_images_cached(checkpoint, &manifest.images, &images, cache)?
             }
-            None => store::unpack_images(checkpoint, &manifest.images, &images)?,
+            _ => store::unpack_images(checkpoint, &manifest.images, &images)?,
         }
+        let mut transfer = match target.page_server {
+            Some(binary) if servable => {
+                lazy_pages::expand_eager_pages(checkpoint, manifest, &images)?;
+                let mut server = std::process::Command::new(binary);
+                server.arg("serve-pages");
+                Some(LazyTransfer::start(
+                    criu.binary(),
+                    server,
+                    checkpoint,
+                    &images,
+                    target.work_dir,
+                )?)
+            }
+            _ => {
+                store::expand_chunked(checkpoint, &manifest.images, &images)?;
+                None
+            }
+        };
         let unpacked = started.elapsed();
-        if manifest.ip != target.ip {
-            address_move::keep_old_address(target.netns_pin, manifest.ip)?;
-        }
-        let netns: OwnedFd = std::fs::File::open(target.netns_pin)
-            .map_err(|source| CheckpointError::Io {
-                context: format!("open {}", target.netns_pin.display()),
-                source,
-            })?
-            .into();
-        let pidfile = target.work_dir.join("restore.pid");
-        remove_if_present(&pidfile)?;
+        let prepared = (|| {
+            if manifest.ip != target.ip {
+                address_move::keep_old_address(target.netns_pin, manifest.ip)?;
+            }
+            let netns: OwnedFd = std::fs::File::open(target.netns_pin)
+                .map_err(|source| CheckpointError::Io {
+                    context: format!("open {}", target.netns_pin.display()),
+                    source,
+                })?
+                .into();
+            let pidfile = target.work_dir.join("restore.pid");
+            remove_if_present(&pidfile)?;
+            Ok::<_, CheckpointError>((netns, pidfile))
+        })();
+        let (netns, pidfile) = match prepared {
+            Ok(prepared) => prepared,
+            Err(e) => {
+                if let Some(transfer) = transfer.take() {
+                    transfer.finish();
+                }
+                return Err(e);
+            }
+        };
         let criu_started = Instant::now();
         let restored = criu.restore(&criu::RestoreArgs {
             images: &images,
@@ -344,17 +390,31 @@ impl Checkpointer {
             cgroup_procs: target.cgroup_procs,
             lxcfs: target.lxcfs,
             volumes: target.volumes,
+            lazy_dir: transfer.as_ref().map(LazyTransfer::dir),
         });
         let criu_time = criu_started.elapsed();
-        // The decompressed images are a copy; the checkpoint keeps the originals.
-        let _ = std::fs::remove_dir_all(&images);
-        let init_pid = restored?;
+        let init_pid = match (restored, transfer.as_ref()) {
+            (Ok(pid), Some(_)) => pid,
+            (Ok(pid), None) => {
+                // The images are links or decompressed copies; the checkpoint keeps the originals.
+                let _ = std::fs::remove_dir_all(&images);
+                pid
+            }
+            (Err(e), _) => {
+                if let Some(transfer) = transfer.take() {
+                    transfer.finish();
+                }
+                let _ = std::fs::remove_dir_all(&images);
+                return Err(e);
+            }
+        };
         Ok(Restored {
             init_pid,
             manifest: manifest.clone(),
             unpack: unpacked,
             criu: criu_time,
             total: started.elapsed(),
+            transfer,
         })
     }
 }

@@ -1,9 +1,14 @@
 //! The files of a checkpoint directory: written into a temporary sibling and renamed into place
-//! (the filesystem synced, the directories fsynced), image files zstd-compressed where it pays, the writable
-//! layer as a zstd tar, every stored file checksummed (SHA-256) and verified before it is used.
+//! (the filesystem synced, the directories fsynced), the writable layer as a zstd tar, every stored
+//! file checksummed and verified before it is used.
 //!
-//! Layout: `manifest.json`, `images/` (CRIU's image files, large ones as `<name>.zst`),
-//! `layer.tar.zst`, `dump.log`.
+//! Layout: `manifest.json`, `images/` (CRIU's image files), `layer.tar.zst`, `dump.log`. The memory
+//! pages (`pages-<n>.img`) are stored as independently compressed chunks with a checksum each
+//! (`pages-<n>.img.chunks`, [`super::page_chunks`]), so that a restore can unpack and check each
+//! chunk only when it is about to be used; the other images (small) are zstd-compressed where it pays
+//! and carry a SHA-256 each.
+//! Checkpoints of format 1 have zstd-compressed page images and whole-file checksums; they are
+//! decompressed into the restore's scratch directory as before.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -197,6 +202,23 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
     let mut stored = Vec::with_capacity(names.len());
     for name in names {
         let raw_path = dir.join(&name);
+        if is_page_image(&name) {
+            let stored_name = format!("{name}{}", super::page_chunks::STORED_SUFFIX);
+            let (chunks, raw_bytes, stored_bytes) =
+                super::page_chunks::pack(&raw_path, &dir.join(&stored_name))?;
+            std::fs::remove_file(&raw_path)
+                .map_err(io_err(format!("remove {}", raw_path.display())))?;
+            stored.push(StoredFile {
+                path: format!("{IMAGES_DIR}/{stored_name}"),
+                name,
+                stored_bytes,
+                raw_bytes,
+                zstd: false,
+                sha256: String::new(),
+                chunks: Some(chunks),
+            });
+            continue;
+        }
         let raw_bytes = std::fs::metadata(&raw_path)
             .map_err(io_err(format!("stat {}", raw_path.display())))?
             .len();
@@ -213,6 +235,7 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
                     raw_bytes,
                     zstd: true,
                     sha256,
+                    chunks: None,
                 });
                 continue;
             }
@@ -227,9 +250,17 @@ pub fn pack_images(checkpoint: &Path) -> Result<Vec<StoredFile>, CheckpointError
             raw_bytes,
             zstd: false,
             sha256,
+            chunks: None,
         });
     }
     Ok(stored)
+}
+
+/// CRIU's memory-page images: `pages-<n>.img`.
+pub fn is_page_image(name: &str) -> bool {
+    name.strip_prefix("pages-")
+        .and_then(|rest| rest.strip_suffix(".img"))
+        .is_some_and(|id| !id.is_empty() && id.bytes().all(|b| b.is_ascii_digit()))
 }
 
 /// Whether the first MiB of `path` shrinks enough under zstd to be worth compressing the whole file
@@ -313,6 +344,7 @@ pub fn archive_layer(upper: &Path, checkpoint: &Path) -> Result<StoredFile, Chec
         raw_bytes,
         zstd: true,
         sha256,
+        chunks: None,
     })
 }
 
@@ -324,7 +356,9 @@ fn checksum_mismatch(file: &StoredFile, found: &str) -> CheckpointError {
 }
 
 /// Verifies every image file and lays them out, decompressed, in `scratch` for CRIU (uncompressed ones
-/// are hard-linked when `scratch` is on the same filesystem). The checkpoint is only read.
+/// are hard-linked when `scratch` is on the same filesystem). A chunked page image becomes a sparse
+/// file of its raw size, its content left to the caller ([`super::lazy_pages::expand_eager_pages`],
+/// [`expand_chunked`]). The checkpoint is only read.
 pub fn unpack_images(
     checkpoint: &Path,
     files: &[StoredFile],
@@ -334,7 +368,11 @@ pub fn unpack_images(
     for file in files {
         let stored = checkpoint.join(&file.path);
         let target = scratch.join(&file.name);
-        if file.zstd {
+        if file.chunks.is_some() {
+            File::create(&target)
+                .and_then(|f| f.set_len(file.raw_bytes))
+                .map_err(io_err(format!("create {}", target.display())))?;
+        } else if file.zstd {
             let input =
                 File::open(&stored).map_err(io_err(format!("open {}", stored.display())))?;
             let mut hashing = HashingReader::new(input);
@@ -366,6 +404,32 @@ pub fn unpack_images(
                 std::fs::copy(&stored, &target)
                     .map_err(io_err(format!("copy {}", stored.display())))?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Unpacks every chunk of every chunked page image of `checkpoint` into its raw file in `scratch`,
+/// each checked, on all cores (the eager restore: CRIU reads all pages before the tree runs).
+pub fn expand_chunked(
+    checkpoint: &Path,
+    files: &[StoredFile],
+    scratch: &Path,
+) -> Result<(), CheckpointError> {
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    for file in files {
+        if let Some(sums) = &file.chunks {
+            let out = std::fs::OpenOptions::new()
+                .write(true)
+                .open(scratch.join(&file.name))
+                .map_err(io_err(format!("open the raw {}", file.name)))?;
+            super::page_chunks::ChunkedPages::open(
+                &checkpoint.join(&file.path),
+                &file.name,
+                file.raw_bytes,
+                sums,
+            )?
+            .expand_all(&out, threads)?;
         }
     }
     Ok(())
@@ -426,6 +490,9 @@ fn cache_key(files: &[StoredFile]) -> String {
         hasher.update(file.name.as_bytes());
         hasher.update(b"\0");
         hasher.update(file.sha256.as_bytes());
+        for sum in file.chunks.iter().flat_map(|c| &c.xxh3_128) {
+            hasher.update(sum.as_bytes());
+        }
         hasher.update(b"\n");
     }
     hex::encode(hasher.finalize())
@@ -538,7 +605,7 @@ mod tests {
         let images = atomic.path().join(IMAGES_DIR);
         std::fs::create_dir_all(&images).unwrap();
         std::fs::write(images.join("small.img"), b"tiny").unwrap();
-        std::fs::write(images.join("pages-1.img"), vec![7u8; 1 << 20]).unwrap();
+        std::fs::write(images.join("big-1.img"), vec![7u8; 1 << 20]).unwrap();
         let files = pack_images(atomic.path()).unwrap();
         (atomic.commit().unwrap(), files)
     }
@@ -552,7 +619,7 @@ mod tests {
         // A miss verifies and unpacks, then keeps a complete entry.
         unpack_images_cached(&ckpt, &files, &root.join("s1"), &cache).unwrap();
         assert_eq!(
-            std::fs::read(root.join("s1/pages-1.img")).unwrap(),
+            std::fs::read(root.join("s1/big-1.img")).unwrap(),
             vec![7u8; 1 << 20]
         );
         let entry = cache.join(cache_key(&files));
@@ -588,15 +655,15 @@ mod tests {
     fn images_round_trip_and_corruption_is_caught() {
         let root = temp("images");
         let (ckpt, files) = packed_checkpoint(&root);
-        let pages = files.iter().find(|f| f.name == "pages-1.img").unwrap();
+        let pages = files.iter().find(|f| f.name == "big-1.img").unwrap();
         assert!(pages.zstd && pages.stored_bytes < 4096, "{pages:?}");
         assert!(!files.iter().find(|f| f.name == "small.img").unwrap().zstd);
-        assert!(ckpt.join("images/pages-1.img.zst").exists());
+        assert!(ckpt.join("images/big-1.img.zst").exists());
 
         let scratch = root.join("scratch");
         unpack_images(&ckpt, &files, &scratch).unwrap();
         assert_eq!(
-            std::fs::read(scratch.join("pages-1.img")).unwrap(),
+            std::fs::read(scratch.join("big-1.img")).unwrap(),
             vec![7u8; 1 << 20]
         );
         assert_eq!(std::fs::read(scratch.join("small.img")).unwrap(), b"tiny");
@@ -627,14 +694,57 @@ mod tests {
                 state as u8
             })
             .collect();
-        std::fs::write(images.join("pages-1.img"), &noise).unwrap();
+        std::fs::write(images.join("noise.img"), &noise).unwrap();
         let files = pack_images(&root).unwrap();
         assert!(
             !files[0].zstd && files[0].stored_bytes == 2 << 20,
             "{:?}",
             files[0]
         );
-        assert!(!images.join("pages-1.img.zst").exists());
+        assert!(!images.join("noise.img.zst").exists());
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn page_images_are_stored_in_checked_chunks() {
+        let root = temp("pages");
+        let atomic = AtomicDir::create(&root.join("ckpt")).unwrap();
+        let images = atomic.path().join(IMAGES_DIR);
+        std::fs::create_dir_all(&images).unwrap();
+        std::fs::write(images.join("pages-1.img"), vec![7u8; 3 << 20]).unwrap();
+        let files = pack_images(atomic.path()).unwrap();
+        let ckpt = atomic.commit().unwrap();
+        let pages = &files[0];
+        assert!(!pages.zstd && pages.sha256.is_empty(), "{pages:?}");
+        assert_eq!(pages.path, "images/pages-1.img.chunks");
+        assert_eq!(pages.chunks.as_ref().unwrap().xxh3_128.len(), 12);
+        assert!(pages.stored_bytes < pages.raw_bytes / 100, "{pages:?}");
+        assert!(!ckpt.join("images/pages-1.img").exists());
+        assert!(is_page_image("pages-12.img") && !is_page_image("pages-x.img"));
+        assert!(!is_page_image("pagemap-1.img"));
+
+        // The layout gives a sparse raw file; the eager unpack fills it, checked.
+        let scratch = root.join("scratch");
+        unpack_images(&ckpt, &files, &scratch).unwrap();
+        assert_eq!(
+            std::fs::metadata(scratch.join("pages-1.img"))
+                .unwrap()
+                .len(),
+            3 << 20
+        );
+        expand_chunked(&ckpt, &files, &scratch).unwrap();
+        assert_eq!(
+            std::fs::read(scratch.join("pages-1.img")).unwrap(),
+            vec![7u8; 3 << 20]
+        );
+
+        // Damage in the stored chunks is caught by the chunk check.
+        let mut bytes = std::fs::read(ckpt.join("images/pages-1.img.chunks")).unwrap();
+        let last = bytes.len() - 3;
+        bytes[last] ^= 0x10;
+        std::fs::write(ckpt.join("images/pages-1.img.chunks"), &bytes).unwrap();
+        let err = expand_chunked(&ckpt, &files, &scratch).unwrap_err();
+        assert!(matches!(err, CheckpointError::Corrupt(_)), "{err}");
         std::fs::remove_dir_all(&root).unwrap();
     }
 

@@ -1,9 +1,9 @@
 //! The egress proxy: how host-name rules (`network.allowOut: ["api.example.com", "*.example.com"]`)
 //! are enforced on the host, never by trusting the guest.
 //!
-//! A sandbox whose rules name hosts gets a nat chain of its own (see
-//! [`super::firewall::egress_names_script`]): its TCP connections to ports 80 and 443 that its
-//! address rules would deny are redirected here instead of being dropped. For each connection the
+//! A sandbox whose rules name hosts gets elements in the nat chain `names`' sets (see
+//! [`super::firewall`]): its TCP connections to ports 80 and 443 that its address rules would deny
+//! are redirected here instead of being dropped. For each connection the
 //! proxy
 //! 1. finds the sandbox by the connection's source address (the bridge's port binding makes that
 //!    address trustworthy) and takes its current rules; a source without rules gets nothing;

@@ -10,25 +10,28 @@
 //! - sandboxes cannot open connections to the host (only replies to the host's own connections pass);
 //! - traffic leaving the bridge is forwarded and masqueraded only for addresses in set `internet`
 //!   (sandboxes created with `allow_internet`; the port binding makes the source address trustworthy);
-//! - chain `egress` is jumped to for every forwarded sandbox packet before it is accepted: the hook where
-//!   per-sandbox egress allow/deny rules go (map `egress_rules`, a chain `eg-X-Y` per sandbox);
-//! - chain `prerouting` (nat) sends a sandbox with host-name rules through its chain `en-X-Y` (map
-//!   `egress_names`), which redirects its TCP connections to ports 80 and 443 that its address rules
-//!   would deny to the egress proxy on the gateway ([`super::egress_proxy`]); only such redirected
-//!   connections may reach the proxy's port.
+//! - chain `egress` is jumped to for every forwarded sandbox packet before it is accepted: it accepts
+//!   what a sandbox's allowed networks cover and drops what its denied ones do, by sets of
+//!   (sandbox address . destination interval) elements (`egress_allow`, `egress_deny`);
+//! - chain `names` (nat prerouting) sends the TCP connections to ports 80 and 443 that a sandbox's
+//!   address rules would deny to the egress proxy on the gateway ([`super::egress_proxy`]), by sets
+//!   `names_allow` and `names_deny` (the same intervals), `names_headers` (sandboxes with header
+//!   rules: all their web traffic) and `names_upstream` (sandboxes with a SOCKS5 proxy of their own:
+//!   all their TCP); only such redirected connections may reach the proxy's port.
 //!
-//! Rules are loaded with `nft -f -` (nftables has no stable netlink crate). The tables are installed
-//! once per host and carry a version ([`RULESET_VERSION`]); per sandbox there is one nft run at create
-//! ([`admit`], concurrent with the supervisor) and one at destroy ([`withdraw`]).
+//! The tables are installed once per host with `nft -f -` and carry a version
+//! ([`RULESET_VERSION`]). Everything a sandbox holds in them is set elements, changed over netlink
+//! ([`super::nftables`]) in one batch per create ([`admit`]), destroy ([`withdraw`]) and network
+//! update ([`set_network`]): no process is started per sandbox.
 
 use std::io::Write;
-
-use sha2::Digest;
-
-use super::egress::{Cidr, EgressRules};
 use std::net::{Ipv4Addr, SocketAddrV4};
 use std::process::{Command, Stdio};
 
+use sha2::Digest;
+
+use super::egress::Cidr;
+use super::nftables::{self, Batch, Element, Family, SetRef};
 use super::NetworkPlan;
 use crate::NetworkSpec;
 
@@ -44,80 +47,54 @@ pub enum FirewallError {
     Links(#[source] super::netlink::NetlinkError),
     #[error("ruleset lock /run/warren/firewall.lock")]
     Lock(#[source] std::io::Error),
+    #[error("{what}")]
+    Netfilter {
+        what: &'static str,
+        #[source]
+        source: nftables::NftError,
+    },
 }
 
 pub const TABLE: &str = "warren";
 
 /// Runs `nft -f -` on `script` and waits; `what` names it in the error.
 pub(crate) fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
-    PendingNft::start(what, script)?.wait()
-}
-
-/// An `nft -f -` run that has been started and fed its script but not waited for, so the caller can
-/// do other work while it runs (one process start is ~3 ms on some hosts). Dropping it waits.
-pub struct PendingNft {
-    what: String,
-    child: Option<std::process::Child>,
-}
-
-impl PendingNft {
-    fn start(what: &str, script: &str) -> Result<Self, FirewallError> {
-        let mut child = Command::new("nft")
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(FirewallError::Spawn)?;
-        if let Some(mut stdin) = child.stdin.take() {
-            // A script is a few lines, far below a pipe's capacity: this does not block.
-            if let Err(e) = stdin.write_all(script.as_bytes()) {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(FirewallError::Spawn(e));
-            }
-        }
-        Ok(Self {
-            what: what.to_string(),
-            child: Some(child),
-        })
-    }
-
-    /// Waits for nft; its error output names what failed.
-    pub fn wait(mut self) -> Result<(), FirewallError> {
-        let Some(child) = self.child.take() else {
-            return Ok(());
-        };
-        let output = child.wait_with_output().map_err(FirewallError::Spawn)?;
-        if output.status.success() {
-            Ok(())
-        } else {
-            Err(FirewallError::Nft {
-                what: std::mem::take(&mut self.what),
-                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
-            })
-        }
-    }
-}
-
-impl Drop for PendingNft {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(FirewallError::Spawn)?;
+    if let Some(mut stdin) = child.stdin.take() {
+        // A script is far below a pipe's capacity: this does not block.
+        if let Err(e) = stdin.write_all(script.as_bytes()) {
+            let _ = child.kill();
             let _ = child.wait();
+            return Err(FirewallError::Spawn(e));
         }
+    }
+    let output = child.wait_with_output().map_err(FirewallError::Spawn)?;
+    if output.status.success() {
+        Ok(())
+    } else {
+        Err(FirewallError::Nft {
+            what: what.to_string(),
+            stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+        })
     }
 }
 
 /// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
 /// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
 /// whenever the ruleset changes.
-pub const RULESET_VERSION: u32 = 5;
+pub const RULESET_VERSION: u32 = 6;
 
 /// The tables' comment: the version and a digest of what the ruleset took from the host
 /// ([`HostNetworks`]), so a host whose resolvers or networks changed gets its tables rebuilt at the
 /// next start.
-fn version_marker(host: &HostNetworks, proxy_port: u16) -> String {
-    let digest = sha2::Sha256::digest(format!("{host:?} {proxy_port}").as_bytes());
+fn version_marker(host: &HostNetworks, proxy: SocketAddrV4) -> String {
+    let digest = sha2::Sha256::digest(format!("{host:?} {proxy}").as_bytes());
     format!(
         "comment \"warren ruleset {RULESET_VERSION} {}\"",
         hex::encode(&digest[..6])
@@ -224,10 +201,11 @@ fn list_table(family: &str) -> Option<String> {
         .then(|| String::from_utf8_lossy(&output.stdout).into_owned())
 }
 
-/// The host-wide ruleset for `bridge` and `subnet`, with the egress proxy on `proxy_port` of the
-/// gateway. docs/network.md explains every rule.
-pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy_port: u16) -> String {
-    let marker = version_marker(host, proxy_port);
+/// The host-wide ruleset for `bridge` and `subnet`, with the egress proxy at `proxy` (the
+/// gateway's address). docs/network.md explains every rule.
+pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy: SocketAddrV4) -> String {
+    let marker = version_marker(host, proxy);
+    let proxy_port = proxy.port();
     let mut denied: Vec<String> = ALWAYS_DENIED.iter().map(|s| s.to_string()).collect();
     denied.extend(host.connected.iter().map(|(ip, p)| format!("{ip}/{p}")));
     let denied = denied.join(", ");
@@ -247,14 +225,26 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy_port: u16)
     set internet {{ type ipv4_addr; }}
     set always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {denied} }}; }}
     set resolvers {{ type ipv4_addr . inet_proto . inet_service;{resolvers} }}
-    map egress_rules {{ type ipv4_addr : verdict; }}
-    map egress_names {{ type ipv4_addr : verdict; }}
+    set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; }}
+    set egress_deny {{ type ipv4_addr . ipv4_addr; flags interval; }}
+    set names_allow {{ type ipv4_addr . ipv4_addr; flags interval; }}
+    set names_deny {{ type ipv4_addr . ipv4_addr; flags interval; }}
+    set names_headers {{ type ipv4_addr; }}
+    set names_upstream {{ type ipv4_addr; }}
     chain egress {{
-        ip saddr vmap @egress_rules
+        ip saddr . ip daddr @egress_allow accept
+        ip saddr . ip daddr @egress_deny drop
+    }}
+    chain names {{
+        ip saddr @names_upstream ip daddr . meta l4proto . th dport @resolvers return
+        ip saddr @names_upstream meta l4proto tcp dnat to {proxy}
+        ip saddr @names_headers tcp dport {{ 80, 443 }} dnat to {proxy}
+        ip saddr . ip daddr @names_allow return
+        ip saddr . ip daddr @names_deny tcp dport {{ 80, 443 }} dnat to {proxy}
     }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
-        iifname "{bridge}" ip saddr vmap @egress_names
+        iifname "{bridge}" jump names
     }}
     chain forward {{
         type filter hook forward priority filter; policy accept;
@@ -339,7 +329,8 @@ pub fn ensure_ruleset(
     let ip_table = list_table("ip");
     let bridge_table = list_table("bridge");
     let host = HostNetworks::probe(bridge);
-    let marker = version_marker(&host, proxy_port);
+    let proxy = SocketAddrV4::new(gateway, proxy_port);
+    let marker = version_marker(&host, proxy);
     let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
     if current(&ip_table) && current(&bridge_table) {
         return Ok(());
@@ -351,7 +342,7 @@ pub fn ensure_ruleset(
         bridge,
         &format!("{network}/{prefix}"),
         &host,
-        proxy_port,
+        proxy,
     ));
     let granted = ip_table.as_deref().map(listed_internet).unwrap_or_default();
     if !granted.is_empty() {
@@ -468,46 +459,232 @@ fn enrolled_ports(
         .collect()
 }
 
-/// Starts the nft run that binds the sandbox's port to its MAC and address and grants it the
-/// internet if `spec` allows it (withholding it otherwise), in one transaction. It must be waited
-/// for before the sandbox is handed out, and before a restored sandbox's link comes up: until it
-/// is done the bridge drops everything from the port.
-///
-/// A sandbox without internet also gets its address taken out of the set: an element left behind by
-/// an earlier holder of the address that was never torn down (a crash, a hand-removed state dir)
-/// must not grant it. Adding then deleting in one nft transaction succeeds whether or not the
-/// element was there.
-pub fn admit(
-    plan: &NetworkPlan,
-    spec: &NetworkSpec,
-    proxy: SocketAddrV4,
-) -> Result<PendingNft, FirewallError> {
-    let ip = plan.ip;
-    let mut script = format!(
-        "add element bridge {TABLE} ports {{ {} }}\n",
-        port_element(plan)
-    );
-    script.push_str(&egress_script(ip, &spec.egress));
-    script.push_str(&egress_names_script(ip, &spec.egress, proxy));
-    script.push_str(&internet_script(ip, spec.allow_internet)?);
-    PendingNft::start("admit the sandbox's port", &script)
+/// The sets a sandbox's elements live in.
+const PORTS: SetRef<'static> = SetRef {
+    family: Family::Bridge,
+    table: TABLE,
+    set: "ports",
+};
+const fn ip_set(set: &'static str) -> SetRef<'static> {
+    SetRef {
+        family: Family::Ip,
+        table: TABLE,
+        set,
+    }
+}
+const INTERNET: SetRef<'static> = ip_set("internet");
+const NAMES_HEADERS: SetRef<'static> = ip_set("names_headers");
+const NAMES_UPSTREAM: SetRef<'static> = ip_set("names_upstream");
+const EGRESS_ALLOW: SetRef<'static> = ip_set("egress_allow");
+const EGRESS_DENY: SetRef<'static> = ip_set("egress_deny");
+const NAMES_ALLOW: SetRef<'static> = ip_set("names_allow");
+const NAMES_DENY: SetRef<'static> = ip_set("names_deny");
+
+/// Sets whose elements are a sandbox address alone.
+const ADDRESS_SETS: [SetRef<'static>; 3] = [INTERNET, NAMES_HEADERS, NAMES_UPSTREAM];
+/// Sets whose elements are (sandbox address . destination interval).
+const INTERVAL_SETS: [SetRef<'static>; 4] = [EGRESS_ALLOW, EGRESS_DENY, NAMES_ALLOW, NAMES_DENY];
+
+/// The key of the `ports` element of `plan`: the port's name (`IFNAMSIZ` bytes), the MAC (padded
+/// to 8 bytes) and the address, each field of the concatenation padded to 4 bytes as the kernel
+/// lays it out.
+fn port_key(plan: &NetworkPlan) -> Element {
+    let mut key = plan.host_veth().into_bytes();
+    key.resize(16, 0);
+    key.extend_from_slice(&plan.sandbox_mac());
+    key.extend_from_slice(&[0, 0]);
+    key.extend_from_slice(&plan.ip.octets());
+    Element { key, key_end: None }
 }
 
-/// The addresses of set `ports` elements (in `nft -j list set bridge warren ports` output) whose
-/// port is not one of `links`.
-fn stale_port_addresses(listing: &str, links: &[String]) -> Vec<Ipv4Addr> {
-    let Ok(json) = serde_json::from_str::<serde_json::Value>(listing) else {
-        return Vec::new();
+fn address_key(ip: Ipv4Addr) -> Element {
+    Element {
+        key: ip.octets().to_vec(),
+        key_end: None,
+    }
+}
+
+/// The element of an interval set that covers `cidr` for the sandbox at `ip`.
+fn interval_key(ip: Ipv4Addr, cidr: &Cidr) -> Element {
+    let mask = if cidr.prefix == 0 {
+        0
+    } else {
+        u32::MAX << (32 - u32::from(cidr.prefix.min(32)))
     };
-    let sets = json["nftables"].as_array().cloned().unwrap_or_default();
-    sets.iter()
-        .filter_map(|item| item["set"]["elem"].as_array().cloned())
-        .flatten()
+    let first = u32::from(cidr.network) & mask;
+    let last = first | !mask;
+    let key = |address: u32| [ip.octets(), address.to_be_bytes()].concat();
+    Element {
+        key: key(first),
+        key_end: Some(key(last)),
+    }
+}
+
+/// The networks of `cidrs` that no other one contains (an interval set refuses overlapping
+/// elements, and a contained network adds nothing to a list that only matches or not).
+fn outermost(cidrs: &[Cidr]) -> Vec<Cidr> {
+    let contains = |outer: &Cidr, inner: &Cidr| {
+        outer.prefix <= inner.prefix
+            && super::network_address(inner.network, outer.prefix)
+                == super::network_address(outer.network, outer.prefix)
+    };
+    let mut kept: Vec<Cidr> = Vec::new();
+    for cidr in cidrs {
+        let cidr = Cidr {
+            network: super::network_address(cidr.network, cidr.prefix.min(32)),
+            prefix: cidr.prefix.min(32),
+        };
+        if kept.iter().any(|k| contains(k, &cidr)) {
+            continue;
+        }
+        kept.retain(|k| !contains(&cidr, k));
+        kept.push(cidr);
+    }
+    kept
+}
+
+/// The element a sandbox should hold in a set, with how it reads in nft's syntax (for errors).
+struct Wanted {
+    set: SetRef<'static>,
+    element: Element,
+    label: String,
+}
+
+/// Everything the sandbox at `ip` with `spec` holds in the `ip warren` sets: the internet grant,
+/// its address rules, and how its web traffic reaches the egress proxy (one of: everything TCP
+/// through its own SOCKS5 proxy, all web traffic for header rules, or web traffic its address rules
+/// deny when it has host names).
+fn wanted_elements(ip: Ipv4Addr, spec: &NetworkSpec) -> Vec<Wanted> {
+    let mut wanted = Vec::new();
+    let address = |set| Wanted {
+        set,
+        element: address_key(ip),
+        label: ip.to_string(),
+    };
+    let intervals = |set, cidrs: &[Cidr]| -> Vec<Wanted> {
+        outermost(cidrs)
+            .iter()
+            .map(|cidr| Wanted {
+                set,
+                element: interval_key(ip, cidr),
+                label: format!("{ip} . {cidr}"),
+            })
+            .collect()
+    };
+    if spec.allow_internet {
+        wanted.push(address(INTERNET));
+    }
+    let rules = &spec.egress;
+    wanted.extend(intervals(EGRESS_ALLOW, &rules.allow));
+    wanted.extend(intervals(EGRESS_DENY, &rules.deny));
+    if rules.upstream.is_some() {
+        // The proxy applies the address and name rules itself and tunnels what they allow.
+        wanted.push(address(NAMES_UPSTREAM));
+    } else if !rules.header_rules.is_empty() {
+        // Requests to hosts with header rules must reach the proxy wherever the guest sends them.
+        wanted.push(address(NAMES_HEADERS));
+    } else if !rules.allow_hosts.is_empty() && !rules.deny.is_empty() {
+        // Without anything denied every name is allowed anyway.
+        wanted.extend(intervals(NAMES_ALLOW, &rules.allow));
+        wanted.extend(intervals(NAMES_DENY, &rules.deny));
+    }
+    wanted
+}
+
+fn netfilter(what: &'static str) -> impl FnOnce(nftables::NftError) -> FirewallError {
+    move |source| FirewallError::Netfilter { what, source }
+}
+
+/// Adds to `batch` what makes the sandbox at `ip` hold exactly `wanted` in the `ip warren` sets,
+/// whatever it (or an earlier holder of the address that was never torn down) held before: address
+/// elements are added, or added then deleted (which works whether or not they were there); interval
+/// elements are listed, and those of `ip` that are not wanted deleted, the missing ones added.
+fn replace_elements(
+    batch: &mut Batch,
+    ip: Ipv4Addr,
+    wanted: &[Wanted],
+) -> Result<(), FirewallError> {
+    for set in ADDRESS_SETS {
+        batch.add(set, address_key(ip), ip.to_string());
+        if !wanted.iter().any(|w| w.set == set) {
+            batch.delete(set, address_key(ip), ip.to_string());
+        }
+    }
+    let mine = ip.octets();
+    for set in INTERVAL_SETS {
+        let held: Vec<Element> = nftables::list(set)
+            .map_err(netfilter("list the sandbox's egress rules"))?
+            .into_iter()
+            .filter(|element| element.key.starts_with(&mine))
+            .collect();
+        for element in &held {
+            if !wanted.iter().any(|w| w.set == set && &w.element == element) {
+                batch.delete(set, element.clone(), describe_interval(element));
+            }
+        }
+        for w in wanted.iter().filter(|w| w.set == set) {
+            if !held.contains(&w.element) {
+                batch.add(set, w.element.clone(), w.label.clone());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `a.b.c.d . first-last` for an element of an interval set, as listed.
+fn describe_interval(element: &Element) -> String {
+    let address = |bytes: &[u8]| -> String {
+        match <[u8; 4]>::try_from(bytes) {
+            Ok(octets) => Ipv4Addr::from(octets).to_string(),
+            Err(_) => hex::encode(bytes),
+        }
+    };
+    let key = &element.key;
+    let end = element.key_end.as_deref().unwrap_or(key);
+    if key.len() != 8 || end.len() != 8 {
+        return hex::encode(key);
+    }
+    format!(
+        "{} . {}-{}",
+        address(&key[..4]),
+        address(&key[4..]),
+        address(&end[4..])
+    )
+}
+
+/// Binds the sandbox's port to its MAC and address and gives it what `spec` allows (the internet,
+/// its egress rules, its way to the egress proxy), taking away whatever else an earlier holder of
+/// the address left, in one transaction. It must be done before the sandbox is handed out, and
+/// before a restored sandbox's link comes up: until then the bridge drops everything from the port.
+pub fn admit(plan: &NetworkPlan, spec: &NetworkSpec) -> Result<(), FirewallError> {
+    if spec.allow_internet {
+        enable_forwarding()?;
+    }
+    let mut batch = Batch::new();
+    batch.add(PORTS, port_key(plan), port_element(plan));
+    replace_elements(&mut batch, plan.ip, &wanted_elements(plan.ip, spec))?;
+    batch
+        .commit()
+        .map_err(netfilter("admit the sandbox's port"))
+}
+
+fn enable_forwarding() -> Result<(), FirewallError> {
+    std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)
+}
+
+/// The addresses of set `ports` elements whose port is not one of `links`.
+fn stale_port_addresses(elements: &[Element], links: &[String]) -> Vec<Ipv4Addr> {
+    elements
+        .iter()
         .filter_map(|element| {
-            let parts = element["concat"].as_array()?;
-            let port = parts.first()?.as_str()?;
-            let ip: Ipv4Addr = parts.get(2)?.as_str()?.parse().ok()?;
-            (!links.iter().any(|link| link == port)).then_some(ip)
+            let key = &element.key;
+            if key.len() != 28 {
+                return None;
+            }
+            let name_len = key[..16].iter().position(|b| *b == 0).unwrap_or(16);
+            let port = String::from_utf8_lossy(&key[..name_len]);
+            let ip = Ipv4Addr::new(key[24], key[25], key[26], key[27]);
+            (!links.iter().any(|link| *link == port)).then_some(ip)
         })
         .collect()
 }
@@ -535,16 +712,11 @@ pub fn remove_stale_ports(settle: std::time::Duration) -> Result<Vec<Ipv4Addr>, 
         }
     }
     let _lock = RulesetLock::take()?;
-    let output = Command::new("nft")
-        .args(["-j", "list", "set", "bridge", TABLE, "ports"])
-        .stderr(Stdio::null())
-        .output();
-    let listing = match output {
-        Ok(out) if out.status.success() => String::from_utf8_lossy(&out.stdout).into_owned(),
+    let Ok(ports) = nftables::list(PORTS) else {
         // No table (no server ever ran here): nothing to clean.
-        _ => return Ok(Vec::new()),
+        return Ok(Vec::new());
     };
-    let stale = stale_port_addresses(&listing, &host_port_names()?);
+    let stale = stale_port_addresses(&ports, &host_port_names()?);
     for ip in &stale {
         let plan = NetworkPlan {
             bridge: String::new(),
@@ -552,168 +724,63 @@ pub fn remove_stale_ports(settle: std::time::Duration) -> Result<Vec<Ipv4Addr>, 
             prefix: 32,
             ip: *ip,
         };
-        withdraw(&plan)?.wait()?;
+        withdraw(&plan)?;
     }
     Ok(stale)
 }
 
-/// Starts the nft run that removes everything [`admit`] added for `plan`. Wait for it before the
-/// address is released: a later holder's binding must not be the one it deletes.
-pub fn withdraw(plan: &NetworkPlan) -> Result<PendingNft, FirewallError> {
-    let ip = plan.ip;
-    let port = port_element(plan);
-    // Add-then-delete succeeds whether or not each element is there.
-    let mut script = format!(
-        "add element bridge {TABLE} ports {{ {port} }}\ndelete element bridge {TABLE} ports {{ {port} }}\n\
-         add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
-    );
-    script.push_str(&egress_script(ip, &EgressRules::default()));
-    script.push_str(&egress_names_script(
-        ip,
-        &EgressRules::default(),
-        SocketAddrV4::new(Ipv4Addr::UNSPECIFIED, 0),
-    ));
-    PendingNft::start("withdraw the sandbox's port", &script)
+/// Removes everything [`admit`] added for `plan`, in one transaction. Done before the address is
+/// released: a later holder's binding must not be the one it deletes.
+pub fn withdraw(plan: &NetworkPlan) -> Result<(), FirewallError> {
+    let mut batch = Batch::new();
+    // Add-then-delete succeeds whether or not the element is there.
+    batch.add(PORTS, port_key(plan), port_element(plan));
+    batch.delete(PORTS, port_key(plan), port_element(plan));
+    replace_elements(&mut batch, plan.ip, &[])?;
+    batch
+        .commit()
+        .map_err(netfilter("withdraw the sandbox's port"))
 }
 
-/// Replaces the internet access and egress rules of the sandbox at `ip` in one nft transaction (a
+/// Replaces the internet access and egress rules of the sandbox at `ip` in one transaction (a
 /// running sandbox's `update_network`): the old rules hold until the new ones do.
-pub fn set_network(
-    ip: Ipv4Addr,
-    spec: &NetworkSpec,
-    proxy: SocketAddrV4,
-) -> Result<(), FirewallError> {
-    let mut script = internet_script(ip, spec.allow_internet)?;
-    script.push_str(&egress_script(ip, &spec.egress));
-    script.push_str(&egress_names_script(ip, &spec.egress, proxy));
-    nft("replace the sandbox's egress rules", &script)
-}
-
-/// Adds `ip` to set `internet`, or takes it out (add, then delete: either works whatever was there).
-fn internet_script(ip: Ipv4Addr, allow: bool) -> Result<String, FirewallError> {
-    if allow {
-        std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(FirewallError::Forwarding)?;
-        Ok(format!("add element ip {TABLE} internet {{ {ip} }}\n"))
-    } else {
-        Ok(format!(
-            "add element ip {TABLE} internet {{ {ip} }}\ndelete element ip {TABLE} internet {{ {ip} }}\n"
-        ))
+pub fn set_network(ip: Ipv4Addr, spec: &NetworkSpec) -> Result<(), FirewallError> {
+    if spec.allow_internet {
+        enable_forwarding()?;
     }
-}
-
-/// The sandbox's own chain `eg-X-Y`, jumped to from chain `egress` through map `egress_rules` by
-/// source address: an `accept` per allowed network first (allow wins), then a `drop` per denied one.
-/// Empty rules remove the chain and its map element; adding before deleting makes either script
-/// succeed whatever was there before.
-fn egress_script(ip: Ipv4Addr, rules: &EgressRules) -> String {
-    let chain = super::veth_name("eg", ip);
-    let element = format!("{{ {ip} : jump {chain} }}");
-    let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
-    if rules.is_empty() {
-        script.push_str(&format!(
-            "add element ip {TABLE} egress_rules {element}\ndelete element ip {TABLE} egress_rules {element}\n\
-             delete chain ip {TABLE} {chain}\n"
-        ));
-        return script;
-    }
-    for cidr in &rules.allow {
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} ip daddr {cidr} accept\n"
-        ));
-    }
-    for cidr in &rules.deny {
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} ip daddr {cidr} drop\n"
-        ));
-    }
-    script.push_str(&format!("add element ip {TABLE} egress_rules {element}\n"));
-    script
-}
-
-/// The sandbox's nat chain `en-X-Y`, entered from chain `prerouting` through map `egress_names`:
-/// connections to allowed networks pass untouched (`return`), and TCP connections to ports 80 and 443
-/// of a denied network go to the egress proxy at `proxy`, which lets through only the allowed host
-/// names. With header rules, all TCP to ports 80 and 443 goes to the proxy; with a SOCKS5 proxy of
-/// the sandbox's own, all TCP. Without host names, or without anything denied (then every name is allowed anyway), the
-/// chain and its map element are removed.
-pub(crate) fn egress_names_script(
-    ip: Ipv4Addr,
-    rules: &EgressRules,
-    proxy: SocketAddrV4,
-) -> String {
-    let chain = super::veth_name("en", ip);
-    let element = format!("{{ {ip} : jump {chain} }}");
-    let mut script = format!("add chain ip {TABLE} {chain}\nflush chain ip {TABLE} {chain}\n");
-    if rules.upstream.is_some() {
-        // Every TCP connection goes through the proxy, which applies the address and name rules
-        // itself and tunnels what they allow through the sandbox's SOCKS5 proxy. DNS to the host's
-        // resolvers stays as it is (UDP is never tunneled; TCP 53 follows it).
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} ip daddr . meta l4proto . th dport @resolvers return\n\
-             add rule ip {TABLE} {chain} meta l4proto tcp dnat to {proxy}\n\
-             add element ip {TABLE} egress_names {element}\n"
-        ));
-        return script;
-    }
-    if !rules.header_rules.is_empty() {
-        // Requests to hosts with header rules must reach the proxy wherever the guest sends them
-        // (it cannot know their addresses); the proxy applies the address rules itself.
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} tcp dport {{ 80, 443 }} dnat to {proxy}\n\
-             add element ip {TABLE} egress_names {element}\n"
-        ));
-        return script;
-    }
-    if rules.allow_hosts.is_empty() || rules.deny.is_empty() {
-        script.push_str(&format!(
-            "add element ip {TABLE} egress_names {element}\ndelete element ip {TABLE} egress_names {element}\n\
-             delete chain ip {TABLE} {chain}\n"
-        ));
-        return script;
-    }
-    for cidr in &rules.allow {
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} ip daddr {cidr} return\n"
-        ));
-    }
-    for cidr in &rules.deny {
-        script.push_str(&format!(
-            "add rule ip {TABLE} {chain} ip daddr {cidr} tcp dport {{ 80, 443 }} dnat to {proxy}\n"
-        ));
-    }
-    script.push_str(&format!("add element ip {TABLE} egress_names {element}\n"));
-    script
+    let mut batch = Batch::new();
+    replace_elements(&mut batch, ip, &wanted_elements(ip, spec))?;
+    batch
+        .commit()
+        .map_err(netfilter("replace the sandbox's egress rules"))
 }
 
 /// Whether `ip` is currently allowed out.
 pub fn internet_allowed(ip: Ipv4Addr) -> bool {
-    let Ok(output) = Command::new("nft")
-        .args(["list", "set", "ip", TABLE, "internet"])
-        .output()
-    else {
-        return false;
-    };
-    let text = String::from_utf8_lossy(&output.stdout);
-    text.split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .any(|word| word == ip.to_string())
+    nftables::list(INTERNET).is_ok_and(|elements| elements.contains(&address_key(ip)))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::network::egress::EgressRules;
 
     #[test]
     fn ports_whose_link_is_gone_are_stale() {
-        let listing = r#"{"nftables": [{"metainfo": {}}, {"set": {"family": "bridge", "name": "ports",
-            "elem": [{"concat": ["wv-0-2", "02:77:0a:4d:00:02", "10.77.0.2"]},
-                     {"concat": ["wv-0-3", "02:77:0a:4d:00:03", "10.77.0.3"]}]}}]}"#;
+        let elements = vec![
+            port_key(&plan(Ipv4Addr::new(10, 77, 0, 2))),
+            port_key(&plan(Ipv4Addr::new(10, 77, 0, 3))),
+            Element {
+                key: vec![1, 2, 3],
+                key_end: None,
+            },
+        ];
         let links = vec!["wv-0-3".to_string()];
         assert_eq!(
-            stale_port_addresses(listing, &links),
+            stale_port_addresses(&elements, &links),
             vec![Ipv4Addr::new(10, 77, 0, 2)]
         );
-        assert!(stale_port_addresses("not json", &links).is_empty());
-        assert!(stale_port_addresses(r#"{"nftables": []}"#, &[]).is_empty());
+        assert!(stale_port_addresses(&[], &[]).is_empty());
     }
 
     fn plan(ip: Ipv4Addr) -> NetworkPlan {
@@ -731,16 +798,27 @@ mod tests {
             resolvers: vec![Ipv4Addr::new(10, 255, 255, 53)],
             connected: vec![(Ipv4Addr::new(192, 0, 2, 0), 24)],
         };
-        let rules = ruleset("warren0", "10.77.0.0/16", &host, 49090);
-        assert_eq!(rules.matches(&version_marker(&host, 49090)).count(), 2);
+        let proxy = SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 1), 49090);
+        let rules = ruleset("warren0", "10.77.0.0/16", &host, proxy);
+        assert_eq!(rules.matches(&version_marker(&host, proxy)).count(), 2);
         assert_ne!(
-            version_marker(&host, 49090),
-            version_marker(&HostNetworks::default(), 49090)
+            version_marker(&host, proxy),
+            version_marker(&HostNetworks::default(), proxy)
         );
-        assert_ne!(version_marker(&host, 49090), version_marker(&host, 49091));
+        let other = SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 1), 49091);
+        assert_ne!(version_marker(&host, proxy), version_marker(&host, other));
         // Only connections nftables redirected reach the proxy.
         assert!(rules.contains("ct status dnat tcp dport 49090 accept"));
-        assert!(rules.contains("ip saddr vmap @egress_names"));
+        assert!(rules.contains("iifname \"warren0\" jump names"));
+        // Allow wins over deny, for addresses and for names.
+        let allow = rules.find("@egress_allow accept").expect("allow rule");
+        let deny = rules.find("@egress_deny drop").expect("deny rule");
+        assert!(allow < deny, "{rules}");
+        let names_allow = rules.find("@names_allow return").expect("names allow");
+        let names_deny = rules
+            .find("@names_deny tcp dport { 80, 443 } dnat to 10.77.0.1:49090")
+            .expect("names deny");
+        assert!(names_allow < names_deny, "{rules}");
         // Link-local (metadata), private ranges and the host's own network are dropped for every
         // sandbox, before the internet accept; the host's resolver stays reachable on port 53 only.
         let deny = rules
@@ -769,11 +847,22 @@ mod tests {
         assert!(rules.contains("oifname . ether daddr . ip daddr @ports accept"));
     }
 
+    fn sets_of(ip: Ipv4Addr, egress: EgressRules, internet: bool) -> Vec<(&'static str, String)> {
+        let spec = NetworkSpec {
+            allow_internet: internet,
+            raw_sockets: false,
+            egress,
+        };
+        wanted_elements(ip, &spec)
+            .into_iter()
+            .map(|w| (w.set.set, w.label))
+            .collect()
+    }
+
     #[test]
     fn names_are_proxied_only_where_addresses_would_be_denied() {
         use crate::network::egress::{Cidr, HostPattern};
         let ip = Ipv4Addr::new(10, 77, 1, 2);
-        let proxy = SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 1), 49090);
         let everything: Cidr = "0.0.0.0/0".parse().unwrap();
         let rules = EgressRules {
             allow: vec!["198.51.100.0/24".parse().unwrap()],
@@ -782,18 +871,20 @@ mod tests {
             header_rules: vec![],
             upstream: None,
         };
-        let script = egress_names_script(ip, &rules, proxy);
-        let allowed = script
-            .find("en-1-2 ip daddr 198.51.100.0/24 return")
-            .expect("allowed network passes");
-        let redirect = script
-            .find("en-1-2 ip daddr 0.0.0.0/0 tcp dport { 80, 443 } dnat to 10.77.0.1:49090")
-            .expect("denied web traffic goes to the proxy");
-        assert!(allowed < redirect, "{script}");
-        assert!(
-            script.ends_with("add element ip warren egress_names { 10.77.1.2 : jump en-1-2 }\n")
+        let pairs = |list: &[(&'static str, &str)]| -> Vec<(&'static str, String)> {
+            list.iter().map(|(s, l)| (*s, l.to_string())).collect()
+        };
+        assert_eq!(
+            sets_of(ip, rules.clone(), true),
+            pairs(&[
+                ("internet", "10.77.1.2"),
+                ("egress_allow", "10.77.1.2 . 198.51.100.0/24"),
+                ("egress_deny", "10.77.1.2 . 0.0.0.0/0"),
+                ("names_allow", "10.77.1.2 . 198.51.100.0/24"),
+                ("names_deny", "10.77.1.2 . 0.0.0.0/0"),
+            ])
         );
-        // Names with nothing denied, or no names: no chain.
+        // Names with nothing denied, or no names: nothing goes to the proxy.
         for rules in [
             EgressRules {
                 deny: vec![],
@@ -804,12 +895,11 @@ mod tests {
                 ..rules.clone()
             },
         ] {
-            let script = egress_names_script(ip, &rules, proxy);
+            let sets = sets_of(ip, rules, false);
             assert!(
-                script.ends_with("delete chain ip warren en-1-2\n"),
-                "{script}"
+                sets.iter().all(|(set, _)| !set.starts_with("names")),
+                "{sets:?}"
             );
-            assert!(!script.contains("dnat"), "{script}");
         }
         // Header rules send all web traffic to the proxy, which applies the address rules itself.
         let with_headers = EgressRules {
@@ -819,14 +909,11 @@ mod tests {
             }],
             ..EgressRules::default()
         };
-        let script = egress_names_script(ip, &with_headers, proxy);
-        assert!(
-            script.contains("en-1-2 tcp dport { 80, 443 } dnat to 10.77.0.1:49090"),
-            "{script}"
+        assert_eq!(
+            sets_of(ip, with_headers, false),
+            pairs(&[("names_headers", "10.77.1.2")])
         );
-        assert!(!script.contains("return"), "{script}");
-        // A SOCKS5 proxy of the sandbox's own: all TCP goes to the proxy, DNS to the host's
-        // resolvers excepted, whatever else the rules say.
+        // A SOCKS5 proxy of the sandbox's own: all TCP goes to the proxy whatever the names say.
         let tunneled = EgressRules {
             upstream: Some(crate::network::egress::UpstreamProxy {
                 host: "proxy.example.com".into(),
@@ -837,15 +924,47 @@ mod tests {
             }),
             ..rules.clone()
         };
-        let script = egress_names_script(ip, &tunneled, proxy);
-        let dns = script
-            .find("en-1-2 ip daddr . meta l4proto . th dport @resolvers return")
-            .expect("DNS to the host's resolvers stays direct");
-        let all = script
-            .find("en-1-2 meta l4proto tcp dnat to 10.77.0.1:49090")
-            .expect("all TCP goes to the proxy");
-        assert!(dns < all, "{script}");
-        assert!(!script.contains("198.51.100.0/24"), "{script}");
+        let sets = sets_of(ip, tunneled, false);
+        assert!(sets.contains(&("names_upstream", "10.77.1.2".to_string())));
+        assert!(
+            !sets.iter().any(|(set, _)| set.starts_with("names_a")
+                || set.starts_with("names_d")
+                || *set == "names_headers"),
+            "{sets:?}"
+        );
+        assert!(sets.contains(&("egress_deny", "10.77.1.2 . 0.0.0.0/0".to_string())));
+    }
+
+    #[test]
+    fn an_interval_covers_the_network_from_its_first_to_its_last_address() {
+        let ip = Ipv4Addr::new(10, 77, 1, 2);
+        let element = interval_key(ip, &"198.51.100.0/24".parse().unwrap());
+        assert_eq!(element.key, vec![10, 77, 1, 2, 198, 51, 100, 0]);
+        assert_eq!(element.key_end, Some(vec![10, 77, 1, 2, 198, 51, 100, 255]));
+        let all = interval_key(ip, &"0.0.0.0/0".parse().unwrap());
+        assert_eq!(all.key_end, Some(vec![10, 77, 1, 2, 255, 255, 255, 255]));
+        let one = interval_key(ip, &"192.0.2.7".parse().unwrap());
+        assert_eq!(one.key[4..], one.key_end.as_ref().unwrap()[4..]);
+        assert_eq!(
+            describe_interval(&element),
+            "10.77.1.2 . 198.51.100.0-198.51.100.255"
+        );
+    }
+
+    #[test]
+    fn networks_inside_others_of_the_same_list_are_left_out() {
+        let cidrs: Vec<Cidr> = [
+            "10.1.0.0/16",
+            "10.0.0.0/8",
+            "192.0.2.0/24",
+            "10.0.0.0/8",
+            "192.0.2.9",
+        ]
+        .iter()
+        .map(|c| c.parse().unwrap())
+        .collect();
+        let kept: Vec<String> = outermost(&cidrs).iter().map(|c| c.to_string()).collect();
+        assert_eq!(kept, vec!["10.0.0.0/8", "192.0.2.0/24"]);
     }
 
     #[test]

@@ -10,6 +10,7 @@ pub mod egress_proxy;
 pub mod egress_upstream;
 pub mod firewall;
 pub mod netlink;
+pub mod nftables;
 pub mod requested_name;
 
 use std::net::Ipv4Addr;

@@ -290,6 +290,32 @@ impl Netlink {
         }
     }
 
+    /// Deletes the neighbour (ARP) entry for `ip` on link `link`, if there is one.
+    pub async fn delete_neighbour(&self, link: &str, ip: Ipv4Addr) -> Result<(), NetlinkError> {
+        use netlink_packet_route::neighbour::{
+            NeighbourAddress, NeighbourAttribute, NeighbourHeader, NeighbourMessage,
+        };
+        let Some(index) = self.link_index(link).await? else {
+            return Ok(());
+        };
+        let mut message = NeighbourMessage::default();
+        message.header = NeighbourHeader {
+            family: netlink_packet_route::AddressFamily::Inet,
+            ifindex: index,
+            ..NeighbourHeader::default()
+        };
+        message
+            .attributes
+            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(ip)));
+        match self.handle.neighbours().del(message).execute().await {
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == libc::ENOENT => Ok(()),
+            Err(e) => Err(Self::request(format!(
+                "delete the neighbour {ip} on {link}"
+            ))(e)),
+        }
+    }
+
     /// Names of all links in this namespace.
     pub async fn link_names(&self) -> Result<Vec<String>, NetlinkError> {
         use netlink_packet_route::link::LinkAttribute;

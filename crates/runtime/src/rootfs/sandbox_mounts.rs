@@ -498,6 +498,10 @@ pub fn pivot_into(root: &Path) -> Result<(), MountError> {
 
 /// Hides the parts of /proc that expose or change the host (as Docker does): read-only binds over
 /// kernel knobs, /dev/null over kernel memory and key listings. Run after pivot_root.
+///
+/// `/proc/pressure` is read-only too (Docker leaves it writable): a write there registers a PSI
+/// trigger on the host-wide pressure figures: kernel state (a polling thread, a timer) that no limit
+/// of the sandbox's cgroup accounts for.
 pub fn mask_proc() -> Result<(), MountError> {
     for path in [
         "/proc/sys",
@@ -505,6 +509,7 @@ pub fn mask_proc() -> Result<(), MountError> {
         "/proc/irq",
         "/proc/bus",
         "/proc/fs",
+        "/proc/pressure",
     ] {
         let path = Path::new(path);
         if !path.exists() {

@@ -93,6 +93,31 @@ pub struct RestorePlan {
     /// again and again: a template's, a fork source's); `None` unpacks from the checkpoint.
     #[serde(default)]
     pub image_cache: Option<PathBuf>,
+    /// Restore the memory lazily when the checkpoint's format allows it (see
+    /// [`crate::checkpoint::lazy_pages`]); the supervisor then sees the transfer through before it
+    /// becomes the plain waiter.
+    #[serde(default)]
+    pub lazy: bool,
+}
+
+/// While a lazy restore's pages are still arriving, `sandboxes/<id>/` holds this file with the pids
+/// of the lazy-pages daemon and the page server.
+pub const PAGES_PENDING_FILE: &str = "pages.pending";
+/// A lazy restore that failed after the sandbox was handed out (a corrupt page chunk, a dead daemon)
+/// leaves the reason here; the sandbox's tree was killed before it could use the missing memory.
+pub const RESTORE_FAILED_FILE: &str = "restore.failed";
+
+/// Whether the transfer `sandbox_dir` records is still under way: the file exists and one of the two
+/// processes it names is alive.
+pub fn pages_pending(sandbox_dir: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(sandbox_dir.join(PAGES_PENDING_FILE)) else {
+        return false;
+    };
+    text.split_whitespace()
+        .filter_map(|pid| pid.parse::<i32>().ok())
+        .filter(|pid| *pid > 1)
+        // SAFETY: kill with signal 0 only checks that the process exists.
+        .any(|pid| unsafe { libc::kill(pid, 0) } == 0)
 }
 
 impl SupervisorConfig {

@@ -9,7 +9,9 @@ use nix::sys::wait::{waitpid, WaitStatus};
 use nix::unistd::{fork, ForkResult};
 
 use super::{init, RestorePlan, SupervisorConfig};
-use crate::checkpoint::{self, Checkpointer, Criu, Manifest, RestoreTarget};
+use crate::checkpoint::{
+    self, Checkpointer, Criu, LazyTransfer, Manifest, RestoreTarget, TransferEnd,
+};
 use crate::namespaces;
 use crate::network::netlink::{self, Netlink};
 
@@ -40,9 +42,14 @@ pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
         }
     };
     match start_sandbox(&config) {
-        Ok(init_pid) => {
+        Ok((init_pid, transfer)) => {
             report(&status, &format!("ok {init_pid} {}", std::process::id()));
             drop(status);
+            if let Some(transfer) = transfer {
+                if let Some(code) = see_transfer_through(transfer, init_pid, &config.sandbox_dir) {
+                    return code;
+                }
+            }
             // The set-up touched far more memory (config parsing, netlink, CRIU plumbing) than
             // waiting needs; replacing this image with a fresh one keeps only what waiting uses, so
             // an idle sandbox costs less. Same PID, so the init stays our child.
@@ -83,7 +90,7 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 /// The init is forked first so that its first write to `cgroup.procs`, which waits out a kernel RCU
 /// grace period (about 11 ms here, whatever the hierarchy), overlaps the network set-up instead of
 /// following it. The init then waits on `go` until the network is wired and joins it.
-fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
+fn start_sandbox(config: &SupervisorConfig) -> Result<(u32, Option<LazyTransfer>), String> {
     phase("config read");
     if let Some(plan) = &config.restore {
         setup_network(config).map_err(|e| format!("network: {e}"))?;
@@ -122,7 +129,7 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
             phase("init exec'd the agent");
             if message.is_empty() {
                 // The pipe closed on exec: the agent is running.
-                Ok(child.as_raw() as u32)
+                Ok((child.as_raw() as u32, None))
             } else {
                 let _ = waitpid(child, None);
                 Err(format!("sandbox init: {message}"))
@@ -133,9 +140,12 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<u32, String> {
 }
 
 /// Restores the checkpoint of `plan` as this sandbox's process tree; returns the restored init's host
-/// PID. CRIU forks the tree and exits; as a child subreaper the supervisor inherits the init and waits
-/// for it exactly as for one it forked.
-fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32, String> {
+/// PID and, for a lazy restore, the memory still to come. CRIU forks the tree and exits; as a child
+/// subreaper the supervisor inherits the init and waits for it exactly as for one it forked.
+fn restore_sandbox(
+    config: &SupervisorConfig,
+    plan: &RestorePlan,
+) -> Result<(u32, Option<LazyTransfer>), String> {
     // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) only changes how this process's orphans are reparented.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
         return Err(format!(
@@ -161,21 +171,90 @@ fn restore_sandbox(config: &SupervisorConfig, plan: &RestorePlan) -> Result<u32,
         image_cache: plan.image_cache.as_deref(),
         lxcfs: config.lxcfs.as_deref(),
         volumes: &config.volumes,
+        page_server: plan.lazy.then_some(Path::new("/proc/self/exe")),
     };
-    let restored = checkpointer
+    let mut restored = checkpointer
         .restore_processes(&plan.checkpoint, &manifest, &target)
         .map_err(|e| error_chain(&e))?;
+    if let Some(transfer) = &restored.transfer {
+        // Before the report: whoever learns of the sandbox can see that pages are still coming.
+        let _ = std::fs::write(
+            config.sandbox_dir.join(super::PAGES_PENDING_FILE),
+            format!("{} {}\n", transfer.daemon_pid(), transfer.server_pid()),
+        );
+    }
     if manifest.sandbox_id != config.id {
-        checkpoint::set_hostname(restored.init_pid, &config.id).map_err(|e| error_chain(&e))?;
+        if let Err(e) = checkpoint::set_hostname(restored.init_pid, &config.id) {
+            end_tree(
+                restored.init_pid,
+                restored.transfer.take(),
+                &config.sandbox_dir,
+            );
+            return Err(error_chain(&e));
+        }
     }
     eprintln!(
-        "restored {} in {:?} (unpack {:?}, criu {:?})",
+        "restored {} in {:?} (unpack {:?}, criu {:?}, lazy: {})",
         plan.checkpoint.display(),
         restored.total,
         restored.unpack,
-        restored.criu
+        restored.criu,
+        restored.transfer.is_some()
     );
-    Ok(restored.init_pid)
+    Ok((restored.init_pid, restored.transfer))
+}
+
+/// Kills a restored tree that must not run on (its memory transfer failed, or its set-up did), then
+/// ends the transfer: in that order, so no thread ever sees a page the transfer did not deliver.
+fn end_tree(init_pid: u32, transfer: Option<LazyTransfer>, sandbox_dir: &Path) {
+    // SAFETY: kill(2) on the restored init, our child; SIGKILL of a pid namespace's init ends every
+    // task in it, threads waiting on a missing page included.
+    unsafe { libc::kill(init_pid as libc::pid_t, libc::SIGKILL) };
+    let _ = waitpid(nix::unistd::Pid::from_raw(init_pid as i32), None);
+    if let Some(transfer) = transfer {
+        transfer.finish();
+    }
+    let _ = std::fs::remove_file(sandbox_dir.join(super::PAGES_PENDING_FILE));
+}
+
+/// Waits until a lazy restore's memory has all arrived (returns `None`: go on as the plain waiter)
+/// or the sandbox ended: its init exited, or the transfer failed, when the tree is killed and the
+/// reason written to [`super::RESTORE_FAILED_FILE`] (returns the exit code of this process).
+fn see_transfer_through(
+    mut transfer: LazyTransfer,
+    init_pid: u32,
+    sandbox_dir: &Path,
+) -> Option<i32> {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, init_pid as libc::pid_t, 0) };
+    // SAFETY: pidfd_open returned a new descriptor that nothing else owns (when not -1).
+    let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    let end = transfer.watch(pidfd.as_ref().map_or(-1, |fd| fd.as_raw_fd()));
+    phase(&format!("memory transfer ended: {end:?}"));
+    match end {
+        TransferEnd::Complete => {
+            transfer.finish();
+            let _ = std::fs::remove_file(sandbox_dir.join(super::PAGES_PENDING_FILE));
+            None
+        }
+        TransferEnd::Failed(why) => {
+            let _ = std::fs::write(
+                sandbox_dir.join(super::RESTORE_FAILED_FILE),
+                format!("{why}\n"),
+            );
+            end_tree(init_pid, Some(transfer), sandbox_dir);
+            let _ = std::fs::write(
+                sandbox_dir.join("init.exit"),
+                format!("{}\n", 128 + libc::SIGKILL),
+            );
+            Some(0)
+        }
+        TransferEnd::InitGone => {
+            transfer.finish();
+            let _ = std::fs::remove_file(sandbox_dir.join(super::PAGES_PENDING_FILE));
+            Some(wait_and_record(init_pid, sandbox_dir))
+        }
+    }
 }
 
 fn setup_network(config: &SupervisorConfig) -> Result<(), String> {

@@ -113,6 +113,8 @@ pub struct TestSandbox {
     /// Host file bind-mounted at /.warren/agent by restores.
     pub agent: PathBuf,
     layers: Vec<PathBuf>,
+    /// A lazy restore's memory transfer, watched on its own thread until it ends.
+    transfer: Option<std::thread::JoinHandle<warren_runtime::checkpoint::TransferEnd>>,
 }
 
 impl TestSandbox {
@@ -132,6 +134,7 @@ impl TestSandbox {
             upper: PathBuf::from(format!("/tmp/wt-ck/{id}/upper0")),
             agent: PathBuf::from(AGENT_STAND_IN),
             layers: vec![PathBuf::from(BASE_ROOTFS)],
+            transfer: None,
         };
         let _ = std::fs::remove_dir_all(&sandbox.dir);
         std::fs::create_dir_all(sandbox.rootfs())?;
@@ -293,6 +296,18 @@ impl TestSandbox {
         pids
     }
 
+    /// Waits until the memory of the last (lazy) restore has all arrived; fails if it did not.
+    pub fn settle(&mut self) -> Result<()> {
+        let Some(watcher) = self.transfer.take() else {
+            return Ok(());
+        };
+        match watcher.join() {
+            Ok(warren_runtime::checkpoint::TransferEnd::Complete) => Ok(()),
+            Ok(other) => bail!("the lazy restore's transfer ended with {other:?}"),
+            Err(_) => bail!("the transfer watcher panicked"),
+        }
+    }
+
     /// Kills every process (pause leaves a frozen tree behind for the caller to remove).
     pub fn kill_all(&mut self) {
         let freezer = self.freezer();
@@ -322,6 +337,8 @@ impl TestSandbox {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // With the tree gone the daemon has nothing left to serve and exits.
+        let _ = self.settle();
     }
 
     /// After a pause: processes gone, fresh netns, a new empty upper/work, same ID and address.
@@ -362,9 +379,18 @@ impl TestSandbox {
             image_cache: None,
             lxcfs: None,
             volumes: &[],
+            // Lazily, as the runtime does, through the supervisor binary's page server.
+            page_server: Some(Path::new(env!("CARGO_BIN_EXE_warren-supervisor"))),
         };
-        let restored = checkpointer.restore(checkpoint, &upper, &target)?;
+        let mut restored = checkpointer.restore(checkpoint, &upper, &target)?;
         self.init_pid = restored.init_pid;
+        if let Some(mut transfer) = restored.transfer.take() {
+            self.transfer = Some(std::thread::spawn(move || {
+                let end = transfer.watch(-1);
+                transfer.finish();
+                end
+            }));
+        }
         Ok(restored)
     }
 

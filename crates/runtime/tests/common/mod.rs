@@ -223,3 +223,9 @@ impl Drop for DestroyOnDrop<'_> {
         }
     }
 }
+
+impl From<LinuxRuntime> for TestRuntime {
+    fn from(runtime: LinuxRuntime) -> Self {
+        Self(runtime)
+    }
+}

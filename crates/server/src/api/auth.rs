@@ -82,6 +82,15 @@ impl Authenticated {
         }
     }
 
+    /// A sandbox of this key's team that the store still has, ended ones included (their logs stay
+    /// readable for the log retention).
+    pub async fn any_sandbox(&self, state: &AppState, id: &str) -> Result<SandboxRecord, ApiError> {
+        match state.lifecycle.store().get_sandbox(id).await? {
+            Some(record) if record.team_id == self.0.team_id => Ok(record),
+            _ => Err(LifecycleError::NotFound(id.to_string()).into()),
+        }
+    }
+
     /// The template `id_or_alias` if this key's team may use it (its own or a public one).
     pub async fn visible_template(
         &self,

@@ -11,6 +11,64 @@ use crate::lifecycle::{LifecycleError, RouteError};
 use crate::store::StoreError;
 use warren_runtime::{RuntimeError, RuntimeErrorKind};
 
+// The error answers the OpenAPI document names (`components.responses`); each is an `Error` body.
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "Invalid request")]
+#[allow(dead_code)]
+pub struct BadRequest(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "Missing or invalid X-API-Key")]
+#[allow(dead_code)]
+pub struct Unauthorized(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "No such sandbox or template")]
+#[allow(dead_code)]
+pub struct NotFound(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "Not possible in the current state")]
+#[allow(dead_code)]
+pub struct Conflict(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "Node quota exceeded")]
+#[allow(dead_code)]
+pub struct TooManyRequests(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "Internal error; the message names an error ID found in the server log")]
+#[allow(dead_code)]
+pub struct InternalError(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "The sandbox's guest agent did not answer its health check; nothing changed"
+)]
+#[allow(dead_code)]
+pub struct GuestUnresponsive(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "The state disk cannot take it: admission keeps room for every running sandbox's writable layer, or the disk is full (error_code insufficient_storage)"
+)]
+#[allow(dead_code)]
+pub struct InsufficientStorage(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(description = "The host is out of a resource (addresses, tasks) for now; retry later")]
+#[allow(dead_code)]
+pub struct ServiceUnavailable(api::Error);
+
+#[derive(utoipa::ToResponse)]
+#[response(
+    description = "The credential is valid but not for this resource (another volume's token)"
+)]
+#[allow(dead_code)]
+pub struct Forbidden(api::Error);
+
 #[derive(Debug)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -96,7 +154,7 @@ fn full_disk_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
 
 /// Logs `error` with its cause chain under a fresh error id, and returns the id.
 fn log_with_id(error: &(dyn std::error::Error + 'static)) -> String {
-    let id = format!("{:016x}", rand::thread_rng().gen::<u64>());
+    let id = format!("{:016x}", rand::rng().random::<u64>());
     let mut chain = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

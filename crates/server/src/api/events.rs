@@ -4,9 +4,10 @@
 //! event without a state change, such as a policy's report) and killed (failures too, with the reason).
 
 use axum::extract::{Path, State};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{TimeZone, Utc};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_proto::api;
 
 use super::auth::Authenticated;
@@ -32,10 +33,10 @@ pub(crate) fn known_type(kind: &str) -> bool {
 /// Most events one request returns.
 const MOST: u64 = 100;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/events/sandboxes", get(team_events))
-        .route("/events/sandboxes/{id}", get(sandbox_events))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(team_events))
+        .routes(routes!(sandbox_events))
 }
 
 fn number(
@@ -139,6 +140,24 @@ async fn read(
 }
 
 /// `GET /events/sandboxes`: the team's latest events.
+#[utoipa::path(
+    get,
+    path = "/events/sandboxes",
+    operation_id = "listTeamSandboxEvents",
+    summary = "Lifecycle events of the team's sandboxes (killed ones included)",
+    params(
+        ("offset" = Option<i64>, Query),
+        ("limit" = Option<i64>, Query, description = "10 by default"),
+        ("orderAsc" = Option<bool>, Query, description = "Oldest first; newest first by default"),
+        ("types" = Option<Vec<String>>, Query),
+        ("after" = Option<i64>, Query, description = "Warren's own: only events whose id is greater"),
+    ),
+    responses(
+        (status = 200, description = "SandboxLifecycleEvent list: version, id, type, eventData {from, to, reason}, sandboxBuildId, sandboxExecutionId (null), sandboxId, sandboxTeamId, sandboxTemplateId, timestamp", body = [api::SandboxLifecycleEvent]),
+        (status = 400, description = "a query value out of range or an unknown type"),
+        (status = 401, response = super::error::Unauthorized),
+    ),
+)]
 async fn team_events(
     State(state): State<AppState>,
     key: Authenticated,
@@ -151,6 +170,26 @@ async fn team_events(
 /// `GET /events/sandboxes/{id}`: one sandbox's events, also once it is killed. Another team's or an
 /// unknown sandbox is 404. A template build's sandbox has no record; its events (which name their
 /// team) are all there is of it.
+#[utoipa::path(
+    get,
+    path = "/events/sandboxes/{sandboxID}",
+    operation_id = "listSandboxEvents",
+    summary = "Lifecycle events of one sandbox of the team, also once killed",
+    params(
+        ("sandboxID" = String, Path),
+        ("offset" = Option<i64>, Query),
+        ("limit" = Option<i64>, Query, description = "10 by default"),
+        ("orderAsc" = Option<bool>, Query, description = "Oldest first; newest first by default"),
+        ("types" = Option<Vec<String>>, Query),
+        ("after" = Option<i64>, Query, description = "Warren's own: only events whose id is greater"),
+    ),
+    responses(
+        (status = 200, description = "SandboxLifecycleEvent list: version, id, type, eventData {from, to, reason}, sandboxBuildId, sandboxExecutionId (null), sandboxId, sandboxTeamId, sandboxTemplateId, timestamp", body = [api::SandboxLifecycleEvent]),
+        (status = 400, description = "a query value out of range or an unknown type"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+    ),
+)]
 async fn sandbox_events(
     State(state): State<AppState>,
     key: Authenticated,

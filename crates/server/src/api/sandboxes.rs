@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post, put};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, TimeZone, Utc};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_proto::api::{self, ENVD_VERSION};
 
 use super::auth::Authenticated;
@@ -25,32 +26,26 @@ use warren_runtime::network::egress::{
     Cidr, EgressRules, HeaderRule, HostPattern, UpstreamProxy, UpstreamTls,
 };
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/sandboxes", post(create_v1).get(list_v1))
-        .route("/v2/sandboxes", post(create_v2).get(list_v2))
-        .route("/sandboxes/{id}", get(get_one).delete(kill))
-        .route("/sandboxes/{id}/timeout", post(set_timeout))
-        .route("/sandboxes/{id}/network", put(update_network))
-        .route("/sandboxes/{id}/refreshes", post(refresh))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/resume", post(resume))
-        .route("/sandboxes/{id}/connect", post(connect))
-        .route("/v2/sandboxes/{id}/connect", post(connect))
-        .route("/sandboxes/metrics", get(latest_metrics))
-        .route("/sandboxes/{id}/metrics", get(metrics))
-        .route("/sandboxes/{id}/processes", get(processes))
-        .route("/sandboxes/{id}/disk", get(disk_usage))
-        .route(
-            "/sandboxes/{id}/orphans",
-            get(list_orphans).delete(reap_orphans),
-        )
-        .route(
-            "/sandboxes/{id}/processes/{pid}",
-            axum::routing::delete(signal_process),
-        )
-        .route("/sandboxes/{id}/logs", get(logs))
-        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(create_v1, list_v1))
+        .routes(routes!(create_v2, list_v2))
+        .routes(routes!(get_one, kill))
+        .routes(routes!(set_timeout))
+        .routes(routes!(update_network))
+        .routes(routes!(refresh))
+        .routes(routes!(pause))
+        .routes(routes!(resume))
+        .routes(routes!(connect))
+        .routes(routes!(connect_v2))
+        .routes(routes!(latest_metrics))
+        .routes(routes!(metrics))
+        .routes(routes!(processes))
+        .routes(routes!(disk_usage))
+        .routes(routes!(list_orphans, reap_orphans))
+        .routes(routes!(signal_process))
+        .routes(routes!(logs))
+        .routes(routes!(logs_v2))
 }
 
 fn time(millis: Millis) -> DateTime<Utc> {
@@ -297,6 +292,24 @@ pub(super) fn checked_policies(
 /// The header a client retries a create with to get the first create's sandbox back.
 const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes",
+    operation_id = "createSandbox",
+    summary = "Create a sandbox",
+    request_body(content = api::NewSandbox, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = api::Sandbox),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 429, response = super::error::TooManyRequests),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn create_v1(
     State(state): State<AppState>,
     key: Authenticated,
@@ -307,6 +320,24 @@ async fn create_v1(
     create_with(&state, &key, &headers, "/sandboxes", body, secure).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/v2/sandboxes",
+    operation_id = "createSandboxV2",
+    summary = "Create a sandbox (always secured)",
+    request_body(content = api::NewSandbox, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = api::Sandbox),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 429, response = super::error::TooManyRequests),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn create_v2(
     State(state): State<AppState>,
     key: Authenticated,
@@ -385,6 +416,21 @@ fn parse_states(query: &QueryPairs) -> Result<Vec<SandboxState>, ApiError> {
     Ok(states)
 }
 
+#[utoipa::path(
+    get,
+    path = "/sandboxes",
+    operation_id = "listSandboxes",
+    summary = "List running sandboxes",
+    params(
+        ("metadata" = Option<String>, Query, description = "URL-encoded key=value pairs, all must match"),
+    ),
+    responses(
+        (status = 200, description = "Sandboxes", body = [api::ListedSandbox]),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list_v1(
     State(state): State<AppState>,
     key: Authenticated,
@@ -404,6 +450,27 @@ fn encode_token(record: &SandboxRecord) -> String {
     paging::encode_token(record.started_at, &record.id)
 }
 
+#[utoipa::path(
+    get,
+    path = "/v2/sandboxes",
+    operation_id = "listSandboxesV2",
+    summary = "List sandboxes with filters and pagination",
+    params(
+        ("metadata" = Option<String>, Query, description = "URL-encoded key=value pairs, all must match"),
+        ("state" = Option<String>, Query, description = "Comma-separated states: running, paused"),
+        ("template" = Option<String>, Query),
+        ("startedAfter" = Option<String>, Query),
+        ("order" = Option<String>, Query),
+        ("nextToken" = Option<String>, Query),
+        ("limit" = Option<i64>, Query),
+    ),
+    responses(
+        (status = 200, description = "Sandboxes", body = [api::ListedSandbox], headers(("x-next-token" = String, description = "Token of the next page; absent on the last page"))),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list_v2(
     State(state): State<AppState>,
     key: Authenticated,
@@ -448,6 +515,20 @@ async fn list_v2(
     Ok((headers, Json(body)).into_response())
 }
 
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}",
+    operation_id = "getSandbox",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "Sandbox", body = api::SandboxDetail),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn get_one(
     State(state): State<AppState>,
     key: Authenticated,
@@ -457,6 +538,20 @@ async fn get_one(
     Ok(Json(detail(&state, &record)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/sandboxes/{sandboxID}",
+    operation_id = "killSandbox",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    responses(
+        (status = 204, description = "Killed"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn kill(
     State(state): State<AppState>,
     key: Authenticated,
@@ -467,6 +562,22 @@ async fn kill(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/timeout",
+    operation_id = "setSandboxTimeout",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = api::SandboxTimeoutRequest, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Timeout set"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn set_timeout(
     State(state): State<AppState>,
     key: Authenticated,
@@ -481,6 +592,23 @@ async fn set_timeout(
 /// `PUT /sandboxes/{id}/network` (`Sandbox.update_network`): replaces the sandbox's address rules
 /// (`allowOut` / `denyOut`) at once and atomically; what the server does not enforce yet is refused
 /// by name and nothing changes.
+#[utoipa::path(
+    put,
+    path = "/sandboxes/{sandboxID}/network",
+    operation_id = "updateSandboxNetwork",
+    description = "Replaces the sandbox's address rules (allowOut/denyOut: IPv4 addresses and CIDRs) at once, without a restart; they are kept for its resume and forks. Host names and the other fields this server does not enforce are refused with 400 naming them; nothing changes then.",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = api::SandboxNetworkUpdate, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Rules replaced"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn update_network(
     State(state): State<AppState>,
     key: Authenticated,
@@ -753,11 +881,27 @@ fn header_rules(value: &serde_json::Value) -> Result<Vec<HeaderRule>, String> {
     Ok(out)
 }
 
-#[derive(Debug, Default, serde::Deserialize)]
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
 struct RefreshRequest {
     duration: Option<i64>,
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/refreshes",
+    operation_id = "refreshSandbox",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<RefreshRequest>, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Refreshed"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn refresh(
     State(state): State<AppState>,
     key: Authenticated,
@@ -772,6 +916,26 @@ async fn refresh(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/pause",
+    operation_id = "pauseSandbox",
+    description = "Checkpoints to disk where the host has CRIU, else freezes in memory (see /health pauseMode).",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::SandboxPauseRequest>, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Paused"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::GuestUnresponsive),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn pause(
     State(state): State<AppState>,
     key: Authenticated,
@@ -792,6 +956,25 @@ async fn pause(
     Ok(StatusCode::NO_CONTENT)
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/resume",
+    operation_id = "resumeSandbox",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::ConnectSandbox>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Resumed", body = api::Sandbox),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn resume(
     State(state): State<AppState>,
     key: Authenticated,
@@ -811,6 +994,55 @@ async fn resume(
     Ok((StatusCode::CREATED, Json(created(&state, &record))))
 }
 
+#[utoipa::path(
+    post,
+    path = "/v2/sandboxes/{sandboxID}/connect",
+    operation_id = "connectSandboxV2",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::ConnectSandbox>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Already running", body = api::Sandbox),
+        (status = 201, description = "Resumed", body = api::Sandbox),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
+async fn connect_v2(
+    state: State<AppState>,
+    key: Authenticated,
+    id: Path<String>,
+    body: OptionalJson<api::ConnectSandbox>,
+) -> Result<(StatusCode, Json<api::Sandbox>), ApiError> {
+    connect(state, key, id, body).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/connect",
+    operation_id = "connectSandbox",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::ConnectSandbox>, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Already running", body = api::Sandbox),
+        (status = 201, description = "Resumed", body = api::Sandbox),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn connect(
     State(state): State<AppState>,
     key: Authenticated,
@@ -867,6 +1099,23 @@ fn unix_millis(query: &QueryPairs, name: &str) -> Result<Option<Millis>, ApiErro
 /// `GET /sandboxes/{id}/metrics?start=&end=` (unix seconds, both optional): the samples the monitor
 /// took in that range, oldest first; without a range, from the sandbox's start to now. A sandbox
 /// too young to have a stored sample gets one measured now when the range reaches the present.
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}/metrics",
+    operation_id = "getSandboxMetrics",
+    params(
+        ("sandboxID" = String, Path),
+        ("start" = Option<i64>, Query, description = "Unix seconds; default: the sandbox's start"),
+        ("end" = Option<i64>, Query, description = "Unix seconds; default: now"),
+    ),
+    responses(
+        (status = 200, description = "The monitor's samples in the range, oldest first; a sample measured now when none is stored yet and the range reaches the present (empty while checkpointed)", body = [api::SandboxMetric]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+        (status = 400, response = super::error::BadRequest),
+    ),
+)]
 async fn metrics(
     State(state): State<AppState>,
     key: Authenticated,
@@ -901,6 +1150,20 @@ async fn metrics(
 
 /// `GET /sandboxes/metrics?sandbox_ids=a,b`: the newest stored sample of each of the team's
 /// sandboxes named (others' and unknown IDs are left out, as E2B does).
+#[utoipa::path(
+    get,
+    path = "/sandboxes/metrics",
+    operation_id = "getSandboxesMetrics",
+    summary = "Newest stored sample of each of the team's sandboxes named (others and unknown IDs are left out)",
+    params(
+        ("sandbox_ids" = String, Query, description = "Comma-separated sandbox IDs, at most 100"),
+    ),
+    responses(
+        (status = 200, description = "SandboxesWithMetrics: {sandboxes: {id: SandboxMetric}}", body = api::SandboxesWithMetrics),
+        (status = 400, description = "sandbox_ids missing or naming more than 100"),
+        (status = 401, response = super::error::Unauthorized),
+    ),
+)]
 async fn latest_metrics(
     State(state): State<AppState>,
     key: Authenticated,
@@ -937,6 +1200,21 @@ async fn latest_metrics(
 }
 
 /// Warren's own `GET /sandboxes/{id}/processes`: every process of a running sandbox, busiest first.
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}/processes",
+    operation_id = "listSandboxProcesses",
+    summary = "Warren's own: a running sandbox's processes, busiest first (PIDs as the sandbox sees them)",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "SandboxProcess list: pid, ppid, user, command, cpuPercent (of one core, since the previous listing), rssBytes, startedAt", body = [api::SandboxProcess]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, description = "the sandbox is not running"),
+    ),
+)]
 async fn processes(
     State(state): State<AppState>,
     key: Authenticated,
@@ -968,6 +1246,21 @@ fn api_processes(list: Vec<warren_runtime::ProcessInfo>) -> Vec<api::SandboxProc
 
 /// Warren's own `GET /sandboxes/{id}/orphans`: the processes finished commands left running (adopted
 /// by the sandbox's init, not started by its agent for a client), with their descendants.
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}/orphans",
+    operation_id = "listSandboxOrphans",
+    summary = "Warren's own: processes finished commands left running (adopted by PID 1, not the agent's own), with their descendants",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "SandboxProcess list (as /processes)", body = [api::SandboxProcess]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, description = "the sandbox is not running, or its agent did not list its processes"),
+    ),
+)]
 async fn list_orphans(
     State(state): State<AppState>,
     key: Authenticated,
@@ -978,6 +1271,21 @@ async fn list_orphans(
 }
 
 /// Warren's own `DELETE /sandboxes/{id}/orphans`: kills them; answers the ones killed.
+#[utoipa::path(
+    delete,
+    path = "/sandboxes/{sandboxID}/orphans",
+    operation_id = "reapSandboxOrphans",
+    summary = "Warren's own: kill the orphaned processes; answers the ones killed",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "SandboxProcess list (as /processes)", body = [api::SandboxProcess]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, description = "the sandbox is not running, or its agent did not list its processes"),
+    ),
+)]
 async fn reap_orphans(
     State(state): State<AppState>,
     key: Authenticated,
@@ -991,6 +1299,23 @@ async fn reap_orphans(
 
 /// Warren's own `GET /sandboxes/{id}/disk?count=N`: how full a running sandbox's writable layer is
 /// and its N (10) largest files.
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}/disk",
+    operation_id = "getSandboxDiskUsage",
+    summary = "Warren's own: how full a running sandbox's writable layer is, and the largest files it wrote",
+    params(
+        ("sandboxID" = String, Path),
+        ("count" = Option<i64>, Query, description = "How many files (10)"),
+    ),
+    responses(
+        (status = 200, description = "usedBytes, totalBytes, largest: [{path, bytes}] (paths as the sandbox sees them, largest first)", body = api::SandboxDiskUsage),
+        (status = 400, description = "count out of range"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, description = "the sandbox is not running"),
+    ),
+)]
 async fn disk_usage(
     State(state): State<AppState>,
     key: Authenticated,
@@ -1057,6 +1382,24 @@ fn parse_signal(text: &str) -> Result<i32, ApiError> {
 
 /// Warren's own `DELETE /sandboxes/{id}/processes/{pid}?signal=TERM`: signals one process (SIGKILL
 /// unless `signal` says otherwise).
+#[utoipa::path(
+    delete,
+    path = "/sandboxes/{sandboxID}/processes/{pid}",
+    operation_id = "signalSandboxProcess",
+    summary = "Warren's own: signal one process of a running sandbox (SIGKILL unless signal says otherwise)",
+    params(
+        ("sandboxID" = String, Path),
+        ("pid" = i64, Path),
+        ("signal" = Option<String>, Query, description = "Number or name: KILL, TERM, INT, HUP, QUIT, STOP, CONT, USR1, USR2"),
+    ),
+    responses(
+        (status = 204, description = "Signalled"),
+        (status = 400, description = "pid 1 (the sandbox's agent), a pid that is not a number, or an unknown signal"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, description = "the sandbox is not running"),
+    ),
+)]
 async fn signal_process(
     State(state): State<AppState>,
     key: Authenticated,
@@ -1089,20 +1432,7 @@ fn log_limit(query: &QueryPairs) -> Result<usize, ApiError> {
     }
 }
 
-/// A sandbox of this key's team that the store still has, ended ones included (their logs stay
-/// readable for the log retention).
-async fn any_sandbox(
-    state: &AppState,
-    key: &Authenticated,
-    id: &str,
-) -> Result<SandboxRecord, ApiError> {
-    match state.lifecycle.store().get_sandbox(id).await? {
-        Some(record) if record.team_id == key.0.team_id => Ok(record),
-        _ => Err(crate::lifecycle::LifecycleError::NotFound(id.to_string()).into()),
-    }
-}
-
-fn log_entry(item: LogItem) -> api::SandboxLogEntry {
+pub(crate) fn log_entry(item: LogItem) -> api::SandboxLogEntry {
     api::SandboxLogEntry {
         timestamp: time(item.at),
         message: item.message,
@@ -1113,6 +1443,23 @@ fn log_entry(item: LogItem) -> api::SandboxLogEntry {
 
 /// `GET /sandboxes/{id}/logs?start=<unix ms>&limit=`: the sandbox's log from `start` on, oldest
 /// first: its lifecycle events and what its commands printed (docs/operations.md "Sandbox logs").
+#[utoipa::path(
+    get,
+    path = "/sandboxes/{sandboxID}/logs",
+    operation_id = "getSandboxLogs",
+    params(
+        ("sandboxID" = String, Path),
+        ("start" = Option<i64>, Query, description = "Unix milliseconds: lines at or after it"),
+        ("limit" = Option<i64>, Query, description = "Most lines returned"),
+    ),
+    responses(
+        (status = 200, description = "Lifecycle events and the lines the sandbox's commands printed, oldest first", body = api::SandboxLogs),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+        (status = 400, response = super::error::BadRequest),
+    ),
+)]
 async fn logs(
     State(state): State<AppState>,
     key: Authenticated,
@@ -1120,7 +1467,7 @@ async fn logs(
     query: QueryPairs,
 ) -> Result<Json<api::SandboxLogs>, ApiError> {
     query.refuse_unknown(&["start", "limit"])?;
-    let record = any_sandbox(&state, &key, &id).await?;
+    let record = key.any_sandbox(&state, &id).await?;
     let page = LogQuery {
         cursor: unix_millis(&query, "start")?,
         forward: true,
@@ -1144,6 +1491,26 @@ async fn logs(
 /// `GET /v2/sandboxes/{id}/logs?cursor=<unix ms>&limit=&direction=forward|backward&level=&search=`:
 /// a page of the log; `level` is the least severe level returned, `search` a case-insensitive
 /// substring of the message. Backward pages run newest first from the cursor (default: now).
+#[utoipa::path(
+    get,
+    path = "/v2/sandboxes/{sandboxID}/logs",
+    operation_id = "getSandboxLogsV2",
+    params(
+        ("sandboxID" = String, Path),
+        ("cursor" = Option<i64>, Query, description = "Unix milliseconds to page from"),
+        ("limit" = Option<i64>, Query, description = "Most lines returned"),
+        ("direction" = Option<String>, Query, description = "forward: at or after the cursor, oldest first; backward: at or before it, newest first"),
+        ("level" = Option<String>, Query, description = "The least severe level returned"),
+        ("search" = Option<String>, Query, description = "A case-insensitive piece of the message"),
+    ),
+    responses(
+        (status = 200, description = "A page of the sandbox's log", body = api::SandboxLogsV2),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+        (status = 400, response = super::error::BadRequest),
+    ),
+)]
 async fn logs_v2(
     State(state): State<AppState>,
     key: Authenticated,
@@ -1151,7 +1518,7 @@ async fn logs_v2(
     query: QueryPairs,
 ) -> Result<Json<api::SandboxLogsV2>, ApiError> {
     query.refuse_unknown(&["cursor", "limit", "direction", "level", "search"])?;
-    let record = any_sandbox(&state, &key, &id).await?;
+    let record = key.any_sandbox(&state, &id).await?;
     let forward = match query.get("direction") {
         None | Some("") | Some("forward") => true,
         Some("backward") => false,

@@ -7,11 +7,12 @@ use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{TimeZone, Utc};
 use serde::Serialize;
 use serde_json::{Map, Value};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::error::ApiError;
@@ -21,23 +22,51 @@ use super::AppState;
 use crate::lifecycle::SecretChange;
 use crate::store::SecretRecord;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/secrets", get(list).post(create))
-        .route("/secrets/{id}", get(get_one).post(update).delete(delete))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(get_one, update, delete))
 }
 
-/// What every answer shows of a secret (never its value).
-#[derive(Debug, Serialize)]
+/// A stored secret as every answer shows it: never its value.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct Secret {
+    /// `sec_` and 24 hex digits.
     #[serde(rename = "secretID")]
     secret_id: String,
+    /// Lower-cased; unique in the team.
     name: String,
+    /// Version of the value, from 1; each new value is the next.
     current_version: i64,
     metadata: BTreeMap<String, String>,
     created_at: chrono::DateTime<Utc>,
     updated_at: chrono::DateTime<Utc>,
+}
+
+/// The body of `POST /secrets`, for the OpenAPI document only: the handler reads the body field by
+/// field (`fields`, `string_field`, `metadata_field`) so that no refusal can quote a value.
+#[derive(utoipa::ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct NewSecret {
+    /// 1-128 bytes of ASCII letters, digits, '_', '-', '.'; stored lower-cased; may not start with
+    /// `sec_`.
+    name: String,
+    /// 1 byte to 64 KiB, no NUL; write-only: sealed with the operator's key and never returned.
+    value: String,
+    metadata: Option<BTreeMap<String, String>>,
+}
+
+/// The body of `POST /secrets/{secretID}`, for the OpenAPI document only (read as `NewSecret` is): a
+/// value, metadata or both; a value becomes the next version (and reaches the egress rules of
+/// running sandboxes that use it), metadata replaces the old.
+#[derive(utoipa::ToSchema, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)]
+struct SecretUpdate {
+    value: Option<String>,
+    metadata: Option<BTreeMap<String, String>>,
 }
 
 fn time(millis: i64) -> chrono::DateTime<Utc> {
@@ -106,6 +135,20 @@ fn metadata_field(
 }
 
 /// `POST /secrets`: 201 with the new secret (version 1); 409 when the team has one of that name.
+#[utoipa::path(
+    post,
+    path = "/secrets",
+    operation_id = "createSecret",
+    summary = "Store a new secret (version 1)",
+    request_body(content = NewSecret, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Created", body = Secret),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 409, description = "The team has a secret of that name", body = warren_proto::api::Error),
+        (status = 500, description = "The secrets key is unusable (the message names the key file)", body = warren_proto::api::Error),
+    ),
+)]
 async fn create(
     State(state): State<AppState>,
     key: Authenticated,
@@ -125,6 +168,21 @@ async fn create(
 }
 
 /// `GET /secrets`: the team's secrets, oldest first, `limit` at a time with `X-Next-Token`.
+#[utoipa::path(
+    get,
+    path = "/secrets",
+    operation_id = "listSecrets",
+    summary = "The team's secrets, oldest first (names and metadata, never values)",
+    params(
+        ("limit" = Option<i64>, Query),
+        ("nextToken" = Option<String>, Query, description = "X-Next-Token of the previous page"),
+    ),
+    responses(
+        (status = 200, description = "A page of secrets; X-Next-Token when more remain", body = [Secret], headers(("X-Next-Token" = String))),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+    ),
+)]
 async fn list(
     State(state): State<AppState>,
     key: Authenticated,
@@ -147,6 +205,19 @@ async fn list(
 }
 
 /// `GET /secrets/{id}` by id or name.
+#[utoipa::path(
+    get,
+    path = "/secrets/{secretID}",
+    operation_id = "getSecret",
+    params(
+        ("secretID" = String, Path, description = "The secret's id, or its name"),
+    ),
+    responses(
+        (status = 200, description = "The secret", body = Secret),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, description = "No such secret in the team", body = warren_proto::api::Error),
+    ),
+)]
 async fn get_one(
     State(state): State<AppState>,
     key: Authenticated,
@@ -159,6 +230,22 @@ async fn get_one(
 }
 
 /// `POST /secrets/{id}`: a `value` becomes the next version; `metadata` replaces the old.
+#[utoipa::path(
+    post,
+    path = "/secrets/{secretID}",
+    operation_id = "updateSecret",
+    params(
+        ("secretID" = String, Path, description = "The secret's id, or its name"),
+    ),
+    request_body(content = SecretUpdate, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated", body = Secret),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, description = "No such secret in the team", body = warren_proto::api::Error),
+        (status = 409, description = "Changed meanwhile", body = warren_proto::api::Error),
+    ),
+)]
 async fn update(
     State(state): State<AppState>,
     key: Authenticated,
@@ -188,6 +275,20 @@ async fn update(
 }
 
 /// `DELETE /secrets/{id}`: 204.
+#[utoipa::path(
+    delete,
+    path = "/secrets/{secretID}",
+    operation_id = "deleteSecret",
+    summary = "Delete a secret; running sandboxes keep the values they were given",
+    params(
+        ("secretID" = String, Path, description = "The secret's id, or its name"),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, description = "No such secret in the team", body = warren_proto::api::Error),
+    ),
+)]
 async fn delete(
     State(state): State<AppState>,
     key: Authenticated,

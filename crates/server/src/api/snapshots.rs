@@ -5,9 +5,10 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{TimeZone, Utc};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_proto::api;
 
 use super::auth::Authenticated;
@@ -18,12 +19,12 @@ use super::sandboxes::created;
 use super::AppState;
 use crate::store::{SnapshotFilter, SnapshotRecord};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/sandboxes/{id}/fork", post(fork))
-        .route("/sandboxes/{id}/snapshots", post(create))
-        .route("/snapshots", get(list))
-        .route("/snapshots/{id}", delete(remove))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(fork))
+        .routes(routes!(create))
+        .routes(routes!(list))
+        .routes(routes!(remove))
 }
 
 fn info(record: &SnapshotRecord) -> api::SnapshotInfo {
@@ -40,6 +41,27 @@ fn info(record: &SnapshotRecord) -> api::SnapshotInfo {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/fork",
+    operation_id = "forkSandbox",
+    description = "Checkpoints the running sandbox once (it keeps running, with its ID and end time) and restores `count` new sandboxes from it. Each entry of the answer holds the new sandbox or the error of that fork (its own code, e.g. 429). 501 where the host cannot checkpoint.",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::SandboxForkRequest>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "One result per requested fork", body = [api::SandboxForkResult]),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 501, description = "This host cannot take checkpoints"),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn fork(
     State(state): State<AppState>,
     key: Authenticated,
@@ -71,6 +93,27 @@ async fn fork(
     Ok((StatusCode::CREATED, Json(results)))
 }
 
+#[utoipa::path(
+    post,
+    path = "/sandboxes/{sandboxID}/snapshots",
+    operation_id = "createSnapshot",
+    description = "Checkpoints the running sandbox (it keeps running) into a stored snapshot; its snapshotID (or name) works as a templateID. With memory=false only the files are kept (no CRIU needed) and sandboxes created from it boot fresh over them.",
+    params(
+        ("sandboxID" = String, Path),
+    ),
+    request_body(content = Option<api::SandboxSnapshotRequest>, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Snapshot taken", body = api::SnapshotInfo),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+        (status = 501, description = "This host cannot take checkpoints"),
+        (status = 503, response = super::error::ServiceUnavailable),
+        (status = 507, response = super::error::InsufficientStorage),
+    ),
+)]
 async fn create(
     State(state): State<AppState>,
     key: Authenticated,
@@ -90,6 +133,24 @@ fn encode_token(record: &SnapshotRecord) -> String {
     paging::encode_token(record.created_at, &record.id)
 }
 
+#[utoipa::path(
+    get,
+    path = "/snapshots",
+    operation_id = "listSnapshots",
+    description = "Snapshots, newest first; the next page's token is in the x-next-token header.",
+    params(
+        ("sandboxID" = Option<String>, Query),
+        ("name" = Option<String>, Query),
+        ("limit" = Option<i64>, Query),
+        ("nextToken" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "Snapshots", body = [api::SnapshotInfo]),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list(
     State(state): State<AppState>,
     key: Authenticated,
@@ -126,6 +187,22 @@ pub(super) async fn delete_by_id(
     }
 }
 
+#[utoipa::path(
+    delete,
+    path = "/snapshots/{snapshotID}",
+    operation_id = "deleteSnapshot",
+    description = "Deletes the snapshot from the store and the disk (DELETE /templates/{id} does the same for a snapshot id, as the SDK calls it).",
+    params(
+        ("snapshotID" = String, Path),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn remove(
     State(state): State<AppState>,
     key: Authenticated,

@@ -4,10 +4,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::error::ApiError;
@@ -16,11 +17,11 @@ use super::AppState;
 use crate::keys::{self, KeyError, TeamQuotas};
 use crate::store::{ApiKeyRecord, Millis, TeamRecord};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/teams", get(list_teams).post(create_team))
-        .route("/api-keys", get(list_keys).post(create_key))
-        .route("/api-keys/{id}", delete(revoke_key))
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list_teams, create_team))
+        .routes(routes!(list_keys, create_key))
+        .routes(routes!(revoke_key))
 }
 
 impl From<KeyError> for ApiError {
@@ -42,7 +43,7 @@ fn time(millis: Millis) -> DateTime<Utc> {
         .unwrap_or_default()
 }
 
-#[derive(Debug, Serialize)]
+#[derive(utoipa::ToSchema, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Team {
     #[serde(rename = "teamID")]
@@ -68,7 +69,7 @@ impl From<&TeamRecord> for Team {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(utoipa::ToSchema, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewTeam {
     name: String,
@@ -80,6 +81,18 @@ struct NewTeam {
     max_memory_mb: Option<u64>,
 }
 
+#[utoipa::path(
+    get,
+    path = "/teams",
+    operation_id = "listTeams",
+    description = "Every team with its quotas (admin keys only).",
+    responses(
+        (status = 200, description = "The teams", body = [Team]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list_teams(
     State(state): State<AppState>,
     key: Authenticated,
@@ -89,6 +102,21 @@ async fn list_teams(
     Ok(Json(teams.iter().map(Team::from).collect()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/teams",
+    operation_id = "createTeam",
+    description = "Creates a team with optional quotas (admin keys only).",
+    request_body(content = NewTeam, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The new team", body = Team),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 409, description = "A team of that name exists", body = warren_proto::api::Error),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn create_team(
     State(state): State<AppState>,
     key: Authenticated,
@@ -108,14 +136,14 @@ async fn create_team(
 }
 
 /// E2B's `IdentifierMaskingDetails`: what of the secret may be shown.
-#[derive(Debug, Serialize)]
+#[derive(utoipa::ToSchema, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Mask {
     prefix: String,
     masked_value_prefix: String,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(utoipa::ToSchema, Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 struct ApiKey {
     id: String,
@@ -148,7 +176,7 @@ impl ApiKey {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(utoipa::ToSchema, Debug, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewApiKey {
     name: String,
@@ -159,6 +187,18 @@ struct NewApiKey {
     admin: bool,
 }
 
+#[utoipa::path(
+    get,
+    path = "/api-keys",
+    operation_id = "listApiKeys",
+    description = "The live API keys of every team, masked (admin keys only).",
+    responses(
+        (status = 200, description = "The keys", body = [ApiKey]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list_keys(
     State(state): State<AppState>,
     key: Authenticated,
@@ -169,6 +209,21 @@ async fn list_keys(
     Ok(Json(live.map(|k| ApiKey::of(k, None)).collect()))
 }
 
+#[utoipa::path(
+    post,
+    path = "/api-keys",
+    operation_id = "createApiKey",
+    description = "Creates an API key for a team (the caller's when teamID is absent); the secret is in this answer only (admin keys only).",
+    request_body(content = NewApiKey, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The new key with its secret", body = ApiKey),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, description = "No such team", body = warren_proto::api::Error),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn create_key(
     State(state): State<AppState>,
     key: Authenticated,
@@ -189,6 +244,20 @@ async fn create_key(
     ))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/api-keys/{apiKeyID}",
+    operation_id = "deleteApiKey",
+    description = "Revokes an API key (admin keys only).",
+    params(("apiKeyID" = String, Path)),
+    responses(
+        (status = 204, description = "Revoked"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, description = "No such key", body = warren_proto::api::Error),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn revoke_key(
     State(state): State<AppState>,
     key: Authenticated,

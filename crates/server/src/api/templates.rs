@@ -3,9 +3,11 @@
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{DateTime, TimeZone, Utc};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::router::UtoipaMethodRouterExt;
+use utoipa_axum::routes;
 use warren_proto::api;
 
 use super::auth::Authenticated;
@@ -20,37 +22,20 @@ use crate::templates::builds::{BuildRequest, BuildsError, DockerfileBuild, Reque
 /// Largest build-context archive accepted by `PUT /templates/{id}/files/{hash}`.
 const MAX_UPLOAD_BYTES: usize = 1 << 30;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/templates", get(list).post(request_dockerfile_build))
-        .route(
-            "/templates/{id}",
-            get(get_one).delete(delete).patch(update_v1),
-        )
-        .route("/v2/templates/{id}", axum::routing::patch(update_v2))
-        .route("/templates/aliases/{alias}", get(alias))
-        .route("/templates/tags", post(assign_tags).delete(remove_tags))
-        .route("/templates/{id}/tags", get(list_tags))
-        .route("/v3/templates", post(request_build_v3))
-        .route("/v2/templates", post(request_build_v3))
-        .route(
-            "/templates/{id}/files/{hash}",
-            get(upload_link)
-                .put(upload)
-                .layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES)),
-        )
-        .route(
-            "/v2/templates/{id}/builds/{build_id}",
-            post(start_sdk_build),
-        )
-        .route(
-            "/templates/{id}/builds/{build_id}",
-            post(start_dockerfile_build).delete(cancel_build),
-        )
-        .route(
-            "/templates/{id}/builds/{build_id}/status",
-            get(build_status),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, request_dockerfile_build))
+        .routes(routes!(get_one, delete, update_v1))
+        .routes(routes!(update_v2))
+        .routes(routes!(alias))
+        .routes(routes!(assign_tags, remove_tags))
+        .routes(routes!(list_tags))
+        .routes(routes!(request_build_v3))
+        .routes(routes!(request_build_v2))
+        .routes(routes!(upload_link, upload).layer(DefaultBodyLimit::max(MAX_UPLOAD_BYTES)))
+        .routes(routes!(start_sdk_build))
+        .routes(routes!(start_dockerfile_build, cancel_build))
+        .routes(routes!(build_status))
 }
 
 impl From<BuildsError> for ApiError {
@@ -152,6 +137,23 @@ async fn update(
     Ok(record)
 }
 
+#[utoipa::path(
+    patch,
+    path = "/templates/{templateID}",
+    operation_id = "updateTemplate",
+    description = "Make the team's template public or private; Warren's own `policies` sets the monitor policies its new sandboxes start with.",
+    params(
+        ("templateID" = String, Path),
+    ),
+    request_body(content = api::TemplateUpdateRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn update_v1(
     State(state): State<AppState>,
     key: Authenticated,
@@ -162,6 +164,22 @@ async fn update_v1(
     Ok(Json(serde_json::json!({})))
 }
 
+#[utoipa::path(
+    patch,
+    path = "/v2/templates/{templateID}",
+    operation_id = "updateTemplateV2",
+    params(
+        ("templateID" = String, Path),
+    ),
+    request_body(content = api::TemplateUpdateRequest, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated", body = api::TemplateUpdateResponse),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn update_v2(
     State(state): State<AppState>,
     key: Authenticated,
@@ -174,6 +192,16 @@ async fn update_v2(
     }))
 }
 
+#[utoipa::path(
+    get,
+    path = "/templates",
+    operation_id = "listTemplates",
+    responses(
+        (status = 200, description = "Templates", body = [api::Template]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list(
     State(state): State<AppState>,
     key: Authenticated,
@@ -187,6 +215,20 @@ async fn list(
 
 /// The SDK's `Sandbox.delete_snapshot` calls this: snapshots are templates in E2B's model. Deleting a
 /// built template is not offered yet.
+#[utoipa::path(
+    get,
+    path = "/templates/{templateID}",
+    operation_id = "getTemplate",
+    params(
+        ("templateID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "Template", body = api::TemplateWithBuilds),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn get_one(
     State(state): State<AppState>,
     key: Authenticated,
@@ -211,6 +253,20 @@ async fn get_one(
 }
 
 /// `POST /templates/tags`: more tags for the build that `target` (`name:tag` or `name`) names.
+#[utoipa::path(
+    post,
+    path = "/templates/tags",
+    operation_id = "assignTemplateTags",
+    description = "Gives tags to a template's build (target is name:tag or name, for the latest build).",
+    request_body(content = api::AssignTemplateTagsRequest, content_type = "application/json"),
+    responses(
+        (status = 201, description = "The tags and the build they now name", body = api::AssignedTemplateTags),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn assign_tags(
     State(state): State<AppState>,
     key: Authenticated,
@@ -230,6 +286,20 @@ async fn assign_tags(
 }
 
 /// `DELETE /templates/tags`.
+#[utoipa::path(
+    delete,
+    path = "/templates/tags",
+    operation_id = "deleteTemplateTags",
+    description = "Removes tags from a template.",
+    request_body(content = api::DeleteTemplateTagsRequest, content_type = "application/json"),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn remove_tags(
     State(state): State<AppState>,
     key: Authenticated,
@@ -243,6 +313,19 @@ async fn remove_tags(
 }
 
 /// `GET /templates/{id}/tags`.
+#[utoipa::path(
+    get,
+    path = "/templates/{templateID}/tags",
+    operation_id = "listTemplateTags",
+    description = "A template's tags and the builds they name.",
+    params(("templateID" = String, Path)),
+    responses(
+        (status = 200, description = "The tags", body = [api::TemplateTag]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list_tags(
     State(state): State<AppState>,
     key: Authenticated,
@@ -300,6 +383,42 @@ fn privileges(
 }
 
 /// `POST /v3/templates` (and `/v2/templates`): hand out the template and build ids of a new build.
+#[utoipa::path(
+    post,
+    path = "/v2/templates",
+    operation_id = "requestTemplateBuildV2",
+    summary = "Request a template build (SDK Template builder): hands out templateID and buildID",
+    request_body(content = api::TemplateBuildRequestV3, content_type = "application/json", description = "TemplateBuildRequestV3: name (or name:tag), tags, cpuCount, memoryMB"),
+    responses(
+        (status = 202, description = "TemplateRequestResponseV3: templateID, buildID, public, names, tags, aliases", body = api::TemplateRequestResponse),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
+async fn request_build_v2(
+    state: State<AppState>,
+    key: Authenticated,
+    body: ApiJson<api::TemplateBuildRequestV3>,
+) -> Result<(StatusCode, Json<api::TemplateRequestResponse>), ApiError> {
+    request_build_v3(state, key, body).await
+}
+
+#[utoipa::path(
+    post,
+    path = "/v3/templates",
+    operation_id = "requestTemplateBuildV3",
+    summary = "Request a template build (SDK Template builder): hands out templateID and buildID",
+    request_body(content = api::TemplateBuildRequestV3, content_type = "application/json", description = "TemplateBuildRequestV3: name (or name:tag), tags, cpuCount, memoryMB; Warren's own privileges {rawSockets, ioUring} (admin keys only, 403 otherwise)"),
+    responses(
+        (status = 202, description = "TemplateRequestResponseV3: templateID, buildID, public, names, tags, aliases", body = api::TemplateRequestResponse),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn request_build_v3(
     State(state): State<AppState>,
     key: Authenticated,
@@ -326,6 +445,20 @@ async fn request_build_v3(
 }
 
 /// Legacy `POST /templates`: a Dockerfile build, started with `POST /templates/{id}/builds/{buildID}`.
+#[utoipa::path(
+    post,
+    path = "/templates",
+    operation_id = "requestDockerfileBuild",
+    summary = "Request a Dockerfile build (legacy; the warren CLI). contextHash names an uploaded context archive",
+    request_body(content = api::TemplateBuildRequest, content_type = "application/json", description = "dockerfile, alias, startCmd, readyCmd, cpuCount, memoryMB, contextHash; Warren's own privileges {rawSockets, ioUring} (admin keys only, 403 otherwise)"),
+    responses(
+        (status = 202, description = "templateID, buildID, public, names, tags, aliases", body = api::TemplateRequestResponse),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn request_dockerfile_build(
     State(state): State<AppState>,
     key: Authenticated,
@@ -353,6 +486,23 @@ async fn request_dockerfile_build(
 }
 
 /// `GET /templates/{id}/files/{hash}`: is the archive here, and if not, where to PUT it.
+#[utoipa::path(
+    get,
+    path = "/templates/{templateID}/files/{hash}",
+    operation_id = "getTemplateFilesUploadLink",
+    summary = "Whether the archive of this SHA-256 is present, else a one-time upload URL",
+    params(
+        ("templateID" = String, Path),
+        ("hash" = String, Path),
+    ),
+    responses(
+        (status = 201, description = "TemplateBuildFileUpload: present, url", body = api::TemplateBuildFileUpload),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn upload_link(
     State(state): State<AppState>,
     key: Authenticated,
@@ -389,6 +539,26 @@ async fn upload_link(
 
 /// `PUT /templates/{id}/files/{hash}?token=…`: the archive itself (tar, gzip or not). The token of the
 /// upload link stands in for the API key, which the SDK does not send here.
+#[utoipa::path(
+    put,
+    path = "/templates/{templateID}/files/{hash}",
+    operation_id = "uploadTemplateFiles",
+    summary = "Upload a context archive (tar or tar.gz) to the URL the link handed out (token query parameter instead of the API key)",
+    params(
+        ("templateID" = String, Path),
+        ("hash" = String, Path),
+        ("token" = String, Query),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 200, description = "Stored"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, description = "The token is missing, unknown, already used or for another hash", body = warren_proto::api::Error),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(),
+)]
 async fn upload(
     State(state): State<AppState>,
     query: QueryPairs,
@@ -416,6 +586,24 @@ async fn upload(
 }
 
 /// `POST /v2/templates/{id}/builds/{buildID}`: start a requested build from the SDK's steps.
+#[utoipa::path(
+    post,
+    path = "/v2/templates/{templateID}/builds/{buildID}",
+    operation_id = "startTemplateBuildV2",
+    params(
+        ("templateID" = String, Path),
+        ("buildID" = String, Path),
+    ),
+    request_body(content = TemplateBuildStartV2, content_type = "application/json", description = "TemplateBuildStartV2: fromImage/fromTemplate, steps, startCmd, readyCmd, force"),
+    responses(
+        (status = 202, description = "Build started"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn start_sdk_build(
     State(state): State<AppState>,
     key: Authenticated,
@@ -431,6 +619,23 @@ async fn start_sdk_build(
 }
 
 /// Legacy `POST /templates/{id}/builds/{buildID}`: start a Dockerfile build.
+#[utoipa::path(
+    post,
+    path = "/templates/{templateID}/builds/{buildID}",
+    operation_id = "startDockerfileBuild",
+    params(
+        ("templateID" = String, Path),
+        ("buildID" = String, Path),
+    ),
+    responses(
+        (status = 202, description = "Build started"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn start_dockerfile_build(
     State(state): State<AppState>,
     key: Authenticated,
@@ -447,6 +652,21 @@ async fn start_dockerfile_build(
 
 /// `DELETE /templates/{id}/builds/{buildID}` (Warren's own; E2B has no cancel): stops a running build,
 /// which then fails with "the build was cancelled" naming the step it was in.
+#[utoipa::path(
+    delete,
+    path = "/templates/{templateID}/builds/{buildID}",
+    operation_id = "cancelTemplateBuild",
+    description = "Cancels a build that has not finished; its sandboxes are killed and it is recorded as failed.",
+    params(("templateID" = String, Path), ("buildID" = String, Path)),
+    responses(
+        (status = 204, description = "Cancelled"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn cancel_build(
     State(state): State<AppState>,
     key: Authenticated,
@@ -458,6 +678,25 @@ async fn cancel_build(
 }
 
 /// `GET /templates/{id}/builds/{buildID}/status?logsOffset=&limit=&level=`.
+#[utoipa::path(
+    get,
+    path = "/templates/{templateID}/builds/{buildID}/status",
+    operation_id = "getTemplateBuildStatus",
+    params(
+        ("templateID" = String, Path),
+        ("buildID" = String, Path),
+        ("logsOffset" = Option<i64>, Query),
+        ("limit" = Option<i64>, Query),
+        ("level" = Option<String>, Query),
+    ),
+    responses(
+        (status = 200, description = "TemplateBuildInfo: templateID, buildID, status, logs, logEntries, reason", body = TemplateBuildInfo),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn build_status(
     State(state): State<AppState>,
     key: Authenticated,
@@ -498,6 +737,25 @@ async fn build_status(
 
 /// `DELETE /templates/{id}[?force=true]`: a built template (refused with 409 while sandboxes use it
 /// unless forced), or else a snapshot of that id.
+#[utoipa::path(
+    delete,
+    path = "/templates/{templateID}",
+    operation_id = "deleteTemplate",
+    summary = "Delete a built template (409 while sandboxes use it unless force=true), or else the snapshot of that id",
+    params(
+        ("templateID" = String, Path),
+        ("templateID" = String, Path),
+        ("force" = Option<bool>, Query),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn delete(
     State(state): State<AppState>,
     key: Authenticated,
@@ -527,6 +785,20 @@ async fn delete(
 }
 
 /// `GET /templates/aliases/{alias}`.
+#[utoipa::path(
+    get,
+    path = "/templates/aliases/{alias}",
+    operation_id = "getTemplateAlias",
+    params(
+        ("alias" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "templateID, public", body = api::TemplateAliasResponse),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn alias(
     State(state): State<AppState>,
     key: Authenticated,

@@ -7,11 +7,12 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use futures_util::StreamExt;
 use serde::Deserialize;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 use warren_proto::api;
 
 use super::auth::Authenticated;
@@ -22,22 +23,13 @@ use crate::store::VolumeRecord;
 use crate::volumes::content::{self, ContentError, Owner, VolumeFiles};
 use crate::volumes::{self as volumes, VolumeError};
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/volumes", get(list).post(create))
-        .route("/volumes/{volume_id}", get(info).delete(remove))
-        .route(
-            "/volumecontent/{volume_id}/dir",
-            get(list_dir).post(make_dir),
-        )
-        .route(
-            "/volumecontent/{volume_id}/file",
-            get(read_file).put(write_file),
-        )
-        .route(
-            "/volumecontent/{volume_id}/path",
-            get(stat_path).patch(update_path).delete(remove_path),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, create))
+        .routes(routes!(info, remove))
+        .routes(routes!(list_dir, make_dir))
+        .routes(routes!(read_file, write_file))
+        .routes(routes!(stat_path, update_path, remove_path))
 }
 
 impl From<VolumeError> for ApiError {
@@ -81,6 +73,20 @@ fn and_token(state: &AppState, volume: VolumeRecord) -> api::VolumeAndToken {
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/volumes",
+    operation_id = "createVolume",
+    description = "Makes a volume (an ext4 image of the server's volume size, --volume-size-mib).",
+    request_body(content = api::NewVolume, content_type = "application/json"),
+    responses(
+        (status = 201, description = "Made", body = api::VolumeAndToken),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn create(
     State(state): State<AppState>,
     key: Authenticated,
@@ -98,6 +104,17 @@ async fn create(
     Ok((StatusCode::CREATED, Json(and_token(&state, volume))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/volumes",
+    operation_id = "listVolumes",
+    description = "The API key's team's volumes.",
+    responses(
+        (status = 200, description = "Volumes", body = [api::Volume]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn list(
     State(state): State<AppState>,
     key: Authenticated,
@@ -114,6 +131,21 @@ async fn list(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/volumes/{volumeID}",
+    operation_id = "getVolume",
+    description = "The volume with its content token.",
+    params(
+        ("volumeID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "The volume", body = api::VolumeAndToken),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn info(
     State(state): State<AppState>,
     key: Authenticated,
@@ -123,6 +155,22 @@ async fn info(
     Ok(Json(and_token(&state, volume)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/volumes/{volumeID}",
+    operation_id = "deleteVolume",
+    description = "Unmounts and removes the volume; 409 while a sandbox that is not killed or failed mounts it.",
+    params(
+        ("volumeID" = String, Path),
+    ),
+    responses(
+        (status = 204, description = "Deleted"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
 async fn remove(
     State(state): State<AppState>,
     key: Authenticated,
@@ -230,6 +278,25 @@ async fn blocking<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
+#[utoipa::path(
+    get,
+    path = "/volumecontent/{volumeID}/dir",
+    operation_id = "listVolumeDir",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+        ("depth" = Option<i64>, Query, description = "Levels to list (default 1)."),
+    ),
+    responses(
+        (status = 200, description = "Entries", body = [api::VolumeEntryStat]),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn list_dir(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -243,6 +310,29 @@ async fn list_dir(
     Ok(Json(blocking(files, move |f| f.list(&rel, depth)).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/volumecontent/{volumeID}/dir",
+    operation_id = "makeVolumeDir",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+        ("uid" = Option<i64>, Query),
+        ("gid" = Option<i64>, Query),
+        ("mode" = Option<i64>, Query),
+        ("force" = Option<bool>, Query, description = "Make missing parent directories."),
+    ),
+    responses(
+        (status = 201, description = "Made", body = api::VolumeEntryStat),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 409, response = super::error::Conflict),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn make_dir(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -257,6 +347,24 @@ async fn make_dir(
     Ok((StatusCode::CREATED, Json(made)))
 }
 
+#[utoipa::path(
+    get,
+    path = "/volumecontent/{volumeID}/path",
+    operation_id = "statVolumePath",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+    ),
+    responses(
+        (status = 200, description = "The entry (a symlink is not followed)", body = api::VolumeEntryStat),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn stat_path(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -268,6 +376,25 @@ async fn stat_path(
     Ok(Json(blocking(files, move |f| f.stat(&rel)).await?))
 }
 
+#[utoipa::path(
+    patch,
+    path = "/volumecontent/{volumeID}/path",
+    operation_id = "updateVolumePath",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+    ),
+    request_body(content = api::VolumeMetadataUpdate, content_type = "application/json"),
+    responses(
+        (status = 200, description = "Updated", body = api::VolumeEntryStat),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn update_path(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -285,6 +412,24 @@ async fn update_path(
     Ok(Json(blocking(files, move |f| f.update(&rel, owner)).await?))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/volumecontent/{volumeID}/path",
+    operation_id = "removeVolumePath",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+    ),
+    responses(
+        (status = 204, description = "Removed (recursively; a symlink itself, never its target)"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn remove_path(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -298,6 +443,24 @@ async fn remove_path(
 }
 
 /// Streams the file out in chunks as it is read.
+#[utoipa::path(
+    get,
+    path = "/volumecontent/{volumeID}/file",
+    operation_id = "readVolumeFile",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+    ),
+    responses(
+        (status = 200, description = "The file, streamed", body = Vec<u8>, content_type = "application/octet-stream"),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn read_file(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,
@@ -329,6 +492,30 @@ async fn read_file(
 
 /// Streams the body into a new file beside the target and renames it into place at the end: a
 /// failed upload leaves the old file as it was.
+#[utoipa::path(
+    put,
+    path = "/volumecontent/{volumeID}/file",
+    operation_id = "writeVolumeFile",
+    params(
+        ("volumeID" = String, Path),
+        ("path" = String, Query, description = "Relative to the volume's root; a leading / is the root; no `..`, no NUL, no symlinks on the way."),
+        ("uid" = Option<i64>, Query),
+        ("gid" = Option<i64>, Query),
+        ("mode" = Option<i64>, Query),
+        ("force" = Option<bool>, Query, description = "Make missing parent directories."),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream"),
+    responses(
+        (status = 201, description = "Written (streamed into place)", body = api::VolumeEntryStat),
+        (status = 400, response = super::error::BadRequest),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 404, response = super::error::NotFound),
+        (status = 500, response = super::error::InternalError),
+        (status = 507, description = "The volume's quota is used up (the message names it)."),
+    ),
+    security(("VolumeToken" = [])),
+)]
 async fn write_file(
     State(state): State<AppState>,
     Path(volume_id): Path<String>,

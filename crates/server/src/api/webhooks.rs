@@ -4,10 +4,11 @@
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use chrono::{TimeZone, Utc};
 use serde::{Deserialize, Serialize};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use super::auth::Authenticated;
 use super::error::ApiError;
@@ -17,16 +18,13 @@ use super::AppState;
 use crate::lifecycle::now_millis;
 use crate::store::WebhookRecord;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
-        .route("/events/webhooks", get(list).post(register))
-        .route(
-            "/events/webhooks/{id}",
-            get(get_one).patch(update).delete(delete),
-        )
+pub fn router() -> OpenApiRouter<AppState> {
+    OpenApiRouter::new()
+        .routes(routes!(list, register))
+        .routes(routes!(get_one, update, delete))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct NewWebhook {
     #[serde(default)]
@@ -39,7 +37,7 @@ struct NewWebhook {
     signature_secret: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct WebhookUpdate {
     #[serde(default)]
@@ -54,7 +52,7 @@ struct WebhookUpdate {
     signature_secret: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 struct Webhook {
     id: String,
@@ -137,6 +135,18 @@ async fn owned(state: &AppState, key: &Authenticated, id: &str) -> Result<Webhoo
 }
 
 /// `POST /events/webhooks`: it gets the events that happen from now on.
+#[utoipa::path(
+    post,
+    path = "/events/webhooks",
+    operation_id = "registerWebhook",
+    summary = "Register a webhook for the lifecycle events of the team's sandboxes (from now on)",
+    request_body(content = NewWebhook, content_type = "application/json", description = "name, url (http or https; not link-local, unspecified or multicast), enabled (true), events (sandbox.lifecycle.*), signatureSecret"),
+    responses(
+        (status = 201, description = "Registered", body = Webhook),
+        (status = 400, description = "bad url, empty or unknown events, unknown fields"),
+        (status = 401, response = super::error::Unauthorized),
+    ),
+)]
 async fn register(
     State(state): State<AppState>,
     key: Authenticated,
@@ -158,6 +168,16 @@ async fn register(
     Ok((StatusCode::CREATED, Json(shown(&record))))
 }
 
+#[utoipa::path(
+    get,
+    path = "/events/webhooks",
+    operation_id = "listWebhooks",
+    summary = "The team's webhooks",
+    responses(
+        (status = 200, description = "Webhook list", body = [Webhook]),
+        (status = 401, response = super::error::Unauthorized),
+    ),
+)]
 async fn list(
     State(state): State<AppState>,
     key: Authenticated,
@@ -171,6 +191,19 @@ async fn list(
     ))
 }
 
+#[utoipa::path(
+    get,
+    path = "/events/webhooks/{webhookID}",
+    operation_id = "getWebhook",
+    params(
+        ("webhookID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "The webhook", body = Webhook),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+    ),
+)]
 async fn get_one(
     State(state): State<AppState>,
     key: Authenticated,
@@ -180,6 +213,22 @@ async fn get_one(
 }
 
 /// `PATCH /events/webhooks/{id}`: the fields given replace the old ones.
+#[utoipa::path(
+    patch,
+    path = "/events/webhooks/{webhookID}",
+    operation_id = "updateWebhook",
+    summary = "The fields given replace the old ones",
+    params(
+        ("webhookID" = String, Path),
+    ),
+    request_body(content = WebhookUpdate, content_type = "application/json", description = "name, url (http or https; not link-local, unspecified or multicast), enabled (true), events (sandbox.lifecycle.*), signatureSecret"),
+    responses(
+        (status = 200, description = "Updated", body = Webhook),
+        (status = 400, description = "bad field"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+    ),
+)]
 async fn update(
     State(state): State<AppState>,
     key: Authenticated,
@@ -206,6 +255,19 @@ async fn update(
     Ok(Json(shown(&record)))
 }
 
+#[utoipa::path(
+    delete,
+    path = "/events/webhooks/{webhookID}",
+    operation_id = "deleteWebhook",
+    params(
+        ("webhookID" = String, Path),
+    ),
+    responses(
+        (status = 200, description = "Deleted"),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 404, response = super::error::NotFound),
+    ),
+)]
 async fn delete(
     State(state): State<AppState>,
     key: Authenticated,

@@ -9,12 +9,15 @@
 //!   A state-changing request (anything but GET/HEAD/OPTIONS) made with the cookie must also send the
 //!   session's CSRF token in `X-CSRF-Token`.
 //! - What the REST API lacks for a browser has thin routes here: the terminal (a WebSocket bridged to
-//!   the agent's PTY, [`terminal`]) and files ([`files`]); both reach the agent with the same envd
-//!   client the CLI uses.
+//!   the agent's PTY, [`terminal`]) and files ([`files`]), both reaching the agent with the same envd
+//!   client the CLI uses; the live tail of a sandbox's log (server-sent events, [`logs`]); and the
+//!   fleet page's latency history and policy notes ([`fleet`]).
 //! - Pages without a session redirect to the login page; JSON routes answer 401.
 
 pub mod assets;
 mod files;
+mod fleet;
+mod logs;
 pub mod sessions;
 mod terminal;
 
@@ -43,6 +46,8 @@ pub fn router() -> Router<AppState> {
         .route("/dashboard/api/logout", post(logout))
         .route("/dashboard/api/session", get(session))
         .merge(files::router())
+        .merge(fleet::router())
+        .merge(logs::router())
         .merge(terminal::router())
 }
 

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use rand::RngCore;
+use rand::TryRngCore;
 
 /// The cookie that carries the session id.
 pub const COOKIE: &str = "warren_session";
@@ -40,7 +40,10 @@ pub struct Sessions {
 
 fn random_token() -> String {
     let mut bytes = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    // The kernel's generator directly; a session id must not depend on a user-space state.
+    rand::rngs::OsRng
+        .try_fill_bytes(&mut bytes)
+        .expect("the kernel's random generator failed");
     hex::encode(bytes)
 }
 

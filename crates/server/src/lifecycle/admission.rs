@@ -51,12 +51,16 @@ pub enum AdmissionError {
     Tasks { used: u64, requested: u64, max: u64 },
     #[error(
         "insufficient storage: the sandbox's {requested_mib} MiB writable layer does not fit in the \
-         {available_mib} MiB the state disk has left for sandboxes (free space less a reserve and \
-         less what running sandboxes' disks may still grow by)"
+         {available_mib} MiB the state disk has left for sandboxes (free space less a \
+         {reserve_mib} MiB reserve, less {promised_mib} MiB that live sandboxes' disks may still \
+         grow by and {pending_mib} MiB for those being created or resumed)"
     )]
     Storage {
         requested_mib: u64,
         available_mib: u64,
+        reserve_mib: u64,
+        promised_mib: u64,
+        pending_mib: u64,
     },
 }
 
@@ -136,6 +140,9 @@ pub fn admit(
         return Err(AdmissionError::Storage {
             requested_mib: request.disk_mib,
             available_mib: available / MIB,
+            reserve_mib: capacity.disk_reserve_bytes / MIB,
+            promised_mib: capacity.disk_promised_bytes / MIB,
+            pending_mib: usage.pending_disk_mib,
         });
     }
     Ok(())
@@ -196,6 +203,8 @@ mod tests {
     const PLENTY: HostCapacity = HostCapacity {
         sandbox_tasks: u64::MAX,
         sandbox_disk_bytes: u64::MAX,
+        disk_reserve_bytes: 0,
+        disk_promised_bytes: 0,
     };
 
     #[test]
@@ -260,7 +269,10 @@ mod tests {
             refused,
             AdmissionError::Storage {
                 requested_mib: 2048,
-                available_mib: 1024
+                available_mib: 1024,
+                reserve_mib: 0,
+                promised_mib: 0,
+                pending_mib: 4096,
             }
         );
         assert!(refused.is_storage());

@@ -17,9 +17,10 @@ pub mod workspaces;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use idempotency::IdempotencyKey;
+pub use operations::pool;
 pub use operations::{
-    CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, PauseMode, ResumeOutcome,
-    RouteError, SecretChange,
+    CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, LogTail, PauseMode,
+    ResumeOutcome, RouteError, SecretChange,
 };
 pub use routes::TrafficRoute;
 pub use snapshots::{ForkOutcome, GcReport, MAX_FORKS};

@@ -15,7 +15,7 @@ use warren_runtime::{ProcessInfo, Stats};
 use super::state::SandboxState;
 use super::{now_millis, Lifecycle, LifecycleError};
 use crate::config::RunawayPolicy;
-use crate::store::{MetricSample, Millis, SandboxFilter, SandboxRecord};
+use crate::store::{MetricSample, Millis, Policy, SandboxFilter, SandboxRecord};
 
 /// Longest command line an event quotes.
 const COMMAND_IN_EVENT: usize = 200;
@@ -336,20 +336,21 @@ fn percent_of(used: u64, total: u64) -> f64 {
     }
 }
 
-/// Records `text` as an event of sandbox `id`, counts it under `policy`/`action` and logs it.
+/// Records `text` as an event of sandbox `id` made by `policy`, counts it under `policy`/`action`
+/// and logs it.
 async fn note(
     lifecycle: &Lifecycle,
     report: &mut PassReport,
     id: &str,
-    policy: &str,
+    policy: Policy,
     action: &str,
     text: String,
 ) {
     tracing::warn!(sandbox = %id, "{text}");
-    lifecycle.metrics().policy_action(policy, action);
+    lifecycle.metrics().policy_action(policy.as_str(), action);
     if let Err(error) = lifecycle
         .store()
-        .note_sandbox_event(id, SandboxState::Running, &text, now_millis())
+        .note_sandbox_event(id, SandboxState::Running, &text, Some(policy), now_millis())
         .await
     {
         tracing::error!(sandbox = %id, %error, "cannot record a monitor event");
@@ -419,7 +420,15 @@ pub async fn pass(
                     Err(error) => event.push_str(&format!("; could not kill it: {error}")),
                 }
             }
-            note(lifecycle, &mut report, id, "runaway_cpu", action, event).await;
+            note(
+                lifecycle,
+                &mut report,
+                id,
+                Policy::RunawayCpu,
+                action,
+                event,
+            )
+            .await;
             report.runaways.push(runaway);
         }
         let Some(stats) = stats else {
@@ -460,7 +469,15 @@ pub async fn pass(
                 "out of memory: the kernel's OOM killer ended {oom} process(es) at the {} limit",
                 mib(sample.mem_total)
             );
-            note(lifecycle, &mut report, id, "oom_kill", "reported", text).await;
+            note(
+                lifecycle,
+                &mut report,
+                id,
+                Policy::OomKill,
+                "reported",
+                text,
+            )
+            .await;
         }
         if memory_fires {
             let mut list = match processes.take() {
@@ -487,7 +504,7 @@ pub async fn pass(
                 lifecycle,
                 &mut report,
                 id,
-                "memory_pressure",
+                Policy::MemoryPressure,
                 "reported",
                 text,
             )
@@ -508,7 +525,15 @@ pub async fn pass(
                 mib(sample.disk_total),
                 percent_of(sample.disk_used, sample.disk_total),
             );
-            note(lifecycle, &mut report, id, "disk_full", "reported", text).await;
+            note(
+                lifecycle,
+                &mut report,
+                id,
+                Policy::DiskFull,
+                "reported",
+                text,
+            )
+            .await;
         }
         samples.push(sample);
         if let Some(period) = orphan_reap_period(config.reap_orphans_every, record) {

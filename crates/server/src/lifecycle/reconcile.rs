@@ -23,7 +23,7 @@ use super::operations::remove_snapshot;
 use super::snapshots::checkpoint_complete;
 use super::state::SandboxState;
 use super::{Lifecycle, LifecycleError};
-use crate::store::{PauseKind, SandboxFilter, SandboxRecord, TransitionUpdate};
+use crate::store::{PauseKind, Policy, SandboxFilter, SandboxRecord, TransitionUpdate};
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReconcileReport {
@@ -172,7 +172,9 @@ async fn remove_unfinished_checkpoints(root: &std::path::Path) -> Vec<std::path:
     };
     while let Ok(Some(entry)) = entries.next_entry().await {
         let name = entry.file_name().to_string_lossy().into_owned();
-        if name.starts_with('.') && name.contains(".tmp-") {
+        // `.resumed-*`: checkpoints a lazy resume had moved aside until its memory was all in, when
+        // the server stopped before it could tell.
+        if name.starts_with('.') && (name.contains(".tmp-") || name.starts_with(".resumed-")) {
             let path = entry.path();
             remove_snapshot(&path).await;
             removed.push(path);
@@ -352,13 +354,15 @@ async fn settle(
 }
 
 /// The dead man's switch: every tracked sandbox that runs on the host gets a deadline of its end
-/// time (or now, when later) plus `supervisor_lease`, every template-build sandbox now plus the lease. Failures are logged: a sandbox that just went
+/// time (or now, when later) plus `supervisor_lease`, every template-build sandbox and warm-pool
+/// member now plus the lease. Failures are logged: a sandbox that just went
 /// away is the next pass's business.
 async fn renew_deadlines(
     lifecycle: &Lifecycle,
     tracked: &[SandboxRecord],
     live: &HashMap<String, warren_runtime::Sandbox>,
     building: Option<&HashSet<String>>,
+    pooled: &HashSet<String>,
 ) {
     let now = super::now_millis();
     let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
@@ -370,10 +374,11 @@ async fn renew_deadlines(
             (record.id.clone(), until.max(0) as u64)
         })
         .collect();
-    // Template-build sandboxes live as long as their build does (its timeout bounds it).
+    // Template-build sandboxes live as long as their build does (its timeout bounds it), warm-pool
+    // members as long as their pool holds them.
     renewals.extend(
         live.keys()
-            .filter(|id| build_in_use(building, id))
+            .filter(|id| build_in_use(building, id) || pooled.contains(*id))
             .map(|id| (id.clone(), now.saturating_add(lease).max(0) as u64)),
     );
     if renewals.is_empty() {
@@ -444,13 +449,18 @@ pub async fn sweep(
         .await?;
     let tracked_ids: HashSet<&str> = tracked.iter().map(|r| r.id.as_str()).collect();
     let building = lifecycle.build_sandboxes_in_use();
+    // Warm-pool members have no row either; the pool holds them.
+    let pooled = lifecycle.pooled_ids();
     let mut report = SweepReport::default();
 
     let mut still_suspect = HashSet::new();
     for id in live.keys() {
         // A build sandbox no running build works in (its build thread hung or died) is as
         // untracked as any other.
-        if tracked_ids.contains(id.as_str()) || build_in_use(building.as_ref(), id) {
+        if tracked_ids.contains(id.as_str())
+            || build_in_use(building.as_ref(), id)
+            || pooled.contains(id)
+        {
             continue;
         }
         if !suspects.contains(id) {
@@ -470,7 +480,13 @@ pub async fn sweep(
             );
             lifecycle
                 .store()
-                .note_sandbox_event(id, row.state, &reason, super::now_millis())
+                .note_sandbox_event(
+                    id,
+                    row.state,
+                    &reason,
+                    Some(Policy::Reconciler),
+                    super::now_millis(),
+                )
                 .await?;
         }
         tracing::warn!(sandbox = %id, "reconciler destroyed a sandbox no live row names");
@@ -479,7 +495,7 @@ pub async fn sweep(
     }
     *suspects = still_suspect;
 
-    renew_deadlines(lifecycle, &tracked, &live, building.as_ref()).await;
+    renew_deadlines(lifecycle, &tracked, &live, building.as_ref(), &pooled).await;
 
     for record in tracked {
         let holds_processes = match record.state {
@@ -509,6 +525,33 @@ pub async fn sweep(
             Err(warren_runtime::RuntimeError::NotFound(_))
         );
         if !gone {
+            continue;
+        }
+        // A lazy restore that found a damaged page ended the tree on purpose: the sandbox failed
+        // for that reason, with the checkpoint it came from kept (see `retire_snapshot`).
+        let id = record.id.clone();
+        let restore_failed = lifecycle
+            .on_runtime(move |runtime| runtime.memory_settled(&id))
+            .await
+            .err();
+        if let Some(error) = restore_failed {
+            let kept = lifecycle.config().snapshots_dir().join(&record.id);
+            let kept = crate::lifecycle::snapshots::checkpoint_complete(&kept).then_some(kept);
+            lifecycle
+                .transition(
+                    &mut record,
+                    SandboxState::Failed,
+                    TransitionUpdate {
+                        reason: Some(format!("{error}")),
+                        ip: Some(None),
+                        init_pid: Some(None),
+                        snapshot_dir: kept.map(Some),
+                        ..TransitionUpdate::default()
+                    },
+                )
+                .await?;
+            lifecycle.metrics().reconciled("lost");
+            report.lost.push(record.id.clone());
             continue;
         }
         lose(

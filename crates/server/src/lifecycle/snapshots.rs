@@ -8,7 +8,7 @@
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
-use rand::distributions::{Alphanumeric, DistString};
+use rand::distr::{Alphanumeric, SampleString};
 
 use super::now_millis;
 use super::operations::{
@@ -40,7 +40,7 @@ pub struct GcReport {
 
 fn random_suffix() -> String {
     Alphanumeric
-        .sample_string(&mut rand::thread_rng(), 16)
+        .sample_string(&mut rand::rng(), 16)
         .to_ascii_lowercase()
 }
 
@@ -94,6 +94,7 @@ impl Lifecycle {
                         &record.id,
                         record.state,
                         &format!("checkpointed for {purpose} ({} bytes)", info.size_bytes),
+                        None,
                         now_millis(),
                     )
                     .await?;
@@ -104,7 +105,7 @@ impl Lifecycle {
                 let reason = format!("checkpoint for {purpose} failed, still running: {source}");
                 if let Err(error) = self
                     .store()
-                    .note_sandbox_event(&record.id, record.state, &reason, now_millis())
+                    .note_sandbox_event(&record.id, record.state, &reason, None, now_millis())
                     .await
                 {
                     tracing::error!(sandbox = %record.id, %error, "cannot record failed checkpoint");

@@ -23,6 +23,25 @@ pub enum SandboxState {
     Failed,
 }
 
+/// A sandbox operation whose duration is recorded: from entering its in-between state (`creating`,
+/// `resuming`, `pausing`) to reaching the state it aims at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    Create,
+    Resume,
+    Pause,
+}
+
+impl Operation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Create => "create",
+            Operation::Resume => "resume",
+            Operation::Pause => "pause",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("sandbox cannot go from {from} to {to}")]
 pub struct InvalidTransition {
@@ -83,6 +102,18 @@ impl SandboxState {
             Ok(())
         } else {
             Err(InvalidTransition { from: self, to })
+        }
+    }
+
+    /// The operation a move from `self` to `to` finishes, if it finishes one: its duration is
+    /// recorded with the move's event (the dashboard's latency chart reads them back).
+    pub fn finishes(self, to: SandboxState) -> Option<Operation> {
+        use SandboxState::*;
+        match (self, to) {
+            (Creating, Running) => Some(Operation::Create),
+            (Resuming, Running) => Some(Operation::Resume),
+            (Pausing, Paused) => Some(Operation::Pause),
+            _ => None,
         }
     }
 
@@ -168,6 +199,24 @@ mod tests {
             (Resuming, Paused),
         ] {
             assert_eq!(from.check_transition(to), Ok(()), "{from} -> {to}");
+        }
+    }
+
+    #[test]
+    fn only_the_moves_that_end_a_create_resume_or_pause_are_timed_and_all_are_allowed() {
+        for from in SandboxState::ALL {
+            for to in SandboxState::ALL {
+                let expected = match (from, to) {
+                    (Creating, Running) => Some(Operation::Create),
+                    (Resuming, Running) => Some(Operation::Resume),
+                    (Pausing, Paused) => Some(Operation::Pause),
+                    _ => None,
+                };
+                assert_eq!(from.finishes(to), expected, "{from} -> {to}");
+                if expected.is_some() {
+                    assert_eq!(from.check_transition(to), Ok(()), "{from} -> {to}");
+                }
+            }
         }
     }
 

@@ -132,7 +132,7 @@ pub fn check_metadata(metadata: &BTreeMap<String, String>) -> Result<(), String>
 /// A fresh secret id: `sec_` and 24 hex digits.
 pub fn new_secret_id() -> String {
     use rand::Rng;
-    let bytes: [u8; 12] = rand::thread_rng().gen();
+    let bytes: [u8; 12] = rand::rng().random();
     format!("{ID_PREFIX}{}", hex::encode(bytes))
 }
 

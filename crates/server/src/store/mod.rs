@@ -1,9 +1,16 @@
 //! The store: sandboxes, templates, API keys and lifecycle events. The only source of truth.
 //!
-//! [`Store`] is the interface the rest of the server uses; [`sqlite::SqliteStore`] implements it (a
-//! PostgreSQL implementation can sit behind the same trait). All SQL lives in the implementations.
+//! [`Store`] is the interface the rest of the server uses. [`sqlite::SqliteStore`] (the default, a file
+//! in the state directory) and [`postgres::PgStore`] (a database several servers share) implement it
+//! with the same semantics, the same schema and the same row mapping (`rows.rs`); all SQL lives in the
+//! implementations. [`open`] opens the one a [`Database`] names.
 
+pub mod migrations;
+pub mod postgres;
+mod postgres_records;
+mod rows;
 pub mod sqlite;
+mod sqlite_fleet;
 mod sqlite_logs;
 mod sqlite_metrics;
 mod sqlite_secrets;
@@ -15,12 +22,132 @@ mod sqlite_workspaces;
 use std::collections::BTreeMap;
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use crate::lifecycle::state::SandboxState;
+use crate::lifecycle::state::{Operation, SandboxState};
 
+pub use postgres::PgStore;
 pub use sqlite::SqliteStore;
+
+/// How stale `api_keys.last_used_at` may get.
+pub const LAST_USED_RESOLUTION_MS: Millis = 60_000;
+
+/// Where the store lives.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// `warren.db` in this directory (the server's state directory): the default.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database, which several servers may share.
+    Postgres(DatabaseUrl),
+}
+
+impl Database {
+    /// PostgreSQL at `url` when one is given, else SQLite in `state_dir`.
+    pub fn choose(url: Option<&DatabaseUrl>, state_dir: &std::path::Path) -> Database {
+        match url {
+            Some(url) => Database::Postgres(url.clone()),
+            None => Database::Sqlite(state_dir.to_path_buf()),
+        }
+    }
+}
+
+impl std::fmt::Display for Database {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(dir) => {
+                write!(f, "SQLite in {}", dir.join(sqlite::DATABASE_FILE).display())
+            }
+            Database::Postgres(url) => write!(f, "PostgreSQL at {url}"),
+        }
+    }
+}
+
+/// Opens (creating and migrating as needed) the store `database` names.
+pub async fn open(database: &Database) -> Result<Arc<dyn Store>, StoreError> {
+    Ok(match database {
+        Database::Sqlite(dir) => Arc::new(SqliteStore::open_in(dir).await?),
+        Database::Postgres(url) => Arc::new(PgStore::open(url).await?),
+    })
+}
+
+/// A `postgres://` URL. It may hold a password: [`std::fmt::Display`] and [`std::fmt::Debug`] show
+/// it with the password replaced, so it can go into logs and errors; only [`DatabaseUrl::expose`]
+/// gives the real text, for the driver.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    raw: String,
+    redacted: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DatabaseUrlError {
+    /// The text is never repeated: it may hold a password.
+    #[error("the database URL cannot be parsed as a URL")]
+    NotUrl,
+    #[error(
+        "the database URL must start with postgres:// or postgresql:// (it starts with {0}://)"
+    )]
+    Scheme(String),
+}
+
+impl FromStr for DatabaseUrl {
+    type Err = DatabaseUrlError;
+
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        let mut url = url::Url::parse(raw).map_err(|_| DatabaseUrlError::NotUrl)?;
+        if !matches!(url.scheme(), "postgres" | "postgresql") {
+            return Err(DatabaseUrlError::Scheme(url.scheme().to_string()));
+        }
+        const HIDDEN: &str = "REDACTED";
+        if url.password().is_some() {
+            url.set_password(Some(HIDDEN))
+                .map_err(|_| DatabaseUrlError::NotUrl)?;
+        }
+        let pairs: Vec<(String, String)> = url
+            .query_pairs()
+            .map(|(key, value)| {
+                let secret = key.to_ascii_lowercase().contains("password");
+                (
+                    key.into_owned(),
+                    if secret {
+                        HIDDEN.to_string()
+                    } else {
+                        value.into_owned()
+                    },
+                )
+            })
+            .collect();
+        if !pairs.is_empty() {
+            url.query_pairs_mut().clear().extend_pairs(pairs);
+        }
+        Ok(DatabaseUrl {
+            raw: raw.to_string(),
+            redacted: url.to_string(),
+        })
+    }
+}
+
+impl DatabaseUrl {
+    /// The URL with its password, for the database driver only.
+    pub fn expose(&self) -> &str {
+        &self.raw
+    }
+}
+
+impl std::fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.redacted)
+    }
+}
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "DatabaseUrl({})", self.redacted)
+    }
+}
 
 /// How the proxy talks to a sandbox's ports: E2B's `network.maskRequestHost` (the `Host` the
 /// sandbox's services see, `${PORT}` standing for the port) and `network.httpsPorts` (ports whose
@@ -60,6 +187,13 @@ pub type Millis = i64;
 pub enum StoreError {
     #[error("database error")]
     Database(#[from] sqlx::Error),
+    /// `url` is shown without its password.
+    #[error("cannot connect to the database at {url}")]
+    Connect {
+        url: String,
+        #[source]
+        source: sqlx::Error,
+    },
     #[error("database migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("cannot create state directory {path}")]
@@ -91,7 +225,8 @@ pub enum StoreError {
 
 impl StoreError {
     /// Whether the store could not write because the state disk is full (SQLite's `SQLITE_FULL`,
-    /// or ENOSPC/EDQUOT from the file system): the operator's problem to fix, not a bug.
+    /// PostgreSQL's `disk_full`, or ENOSPC/EDQUOT from the file system): the operator's problem to
+    /// fix, not a bug.
     pub fn disk_full(&self) -> bool {
         let io_full = |io: &std::io::Error| {
             matches!(
@@ -100,8 +235,11 @@ impl StoreError {
             ) || matches!(io.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
         };
         match self {
-            // SQLITE_FULL is primary result code 13; it has no extended variants.
-            StoreError::Database(sqlx::Error::Database(db)) => db.code().as_deref() == Some("13"),
+            // SQLITE_FULL is primary result code 13, with no extended variants; PostgreSQL's
+            // SQLSTATE for a full disk is 53100 (five characters: the two never meet).
+            StoreError::Database(sqlx::Error::Database(db)) => {
+                matches!(db.code().as_deref(), Some("13") | Some("53100"))
+            }
             StoreError::Database(sqlx::Error::Io(io)) => io_full(io),
             StoreError::StateDir { source, .. } => io_full(source),
             _ => false,
@@ -497,10 +635,75 @@ pub struct SandboxEvent {
     pub at: Millis,
 }
 
+/// Which fleet-hygiene check recorded a note (`sandbox_events.policy`): the monitor's reports of a
+/// runaway process, an OOM kill, memory pressure and a nearly full disk, orphaned processes reaped,
+/// and a sandbox the reconciler destroyed. The dashboard's fleet view lists these notes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Policy {
+    RunawayCpu,
+    OomKill,
+    MemoryPressure,
+    DiskFull,
+    Orphans,
+    Reconciler,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 6] = [
+        Policy::RunawayCpu,
+        Policy::OomKill,
+        Policy::MemoryPressure,
+        Policy::DiskFull,
+        Policy::Orphans,
+        Policy::Reconciler,
+    ];
+
+    /// The stored name; also the `policy` label of `warren_policy_actions_total`, but for
+    /// `Reconciler`, whose fixes count in `warren_reconciled_total`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::RunawayCpu => "runaway_cpu",
+            Policy::OomKill => "oom_kill",
+            Policy::MemoryPressure => "memory_pressure",
+            Policy::DiskFull => "disk_full",
+            Policy::Orphans => "orphans",
+            Policy::Reconciler => "reconciler",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Policy> {
+        Policy::ALL
+            .into_iter()
+            .find(|policy| policy.as_str() == text)
+    }
+}
+
+/// A note of a fleet-hygiene check ([`Policy`]) on one of a team's sandboxes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyEvent {
+    pub policy: Policy,
+    /// The template of the sandbox, when the store still has its row.
+    pub template_id: Option<String>,
+    pub event: SandboxEvent,
+}
+
+/// How long one create, resume or pause took (from its event, see [`SandboxState::finishes`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct OperationTiming {
+    pub operation: Operation,
+    pub sandbox_id: String,
+    /// When it finished.
+    pub at: Millis,
+    pub took: Millis,
+}
+
 /// What changes together with a state transition.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct TransitionUpdate {
     pub reason: Option<String>,
+    /// How long the operation this transition finishes took ([`SandboxState::finishes`]), stored
+    /// with its event. [`crate::lifecycle::Lifecycle`]'s `transition` sets it.
+    pub took: Option<Millis>,
     /// `Some(None)` clears the field, `None` leaves it.
     pub ip: Option<Option<Ipv4Addr>>,
     pub init_pid: Option<Option<u32>>,
@@ -703,14 +906,30 @@ pub trait Store: Send + Sync {
         -> Result<Vec<LifecycleEvent>, StoreError>;
     /// Store a transition of a template build's sandbox (see [`BuildSandboxEvent`]).
     async fn note_build_sandbox_event(&self, event: &BuildSandboxEvent) -> Result<(), StoreError>;
-    /// Store an event that is no state change (`state → state`), e.g. a failed fork dump.
+    /// Store an event that is no state change (`state → state`), e.g. a failed fork dump; `policy`
+    /// names the fleet-hygiene check that made it, if one did.
     async fn note_sandbox_event(
         &self,
         id: &str,
         state: SandboxState,
         reason: &str,
+        policy: Option<Policy>,
         now: Millis,
     ) -> Result<(), StoreError>;
+    /// The notes of fleet-hygiene checks on team `team_id`'s sandboxes, newest first.
+    async fn policy_events(
+        &self,
+        team_id: &str,
+        limit: u32,
+    ) -> Result<Vec<PolicyEvent>, StoreError>;
+    /// How long team `team_id`'s creates, resumes and pauses that finished at or after `since`
+    /// took, newest first.
+    async fn operation_timings(
+        &self,
+        team_id: &str,
+        since: Millis,
+        limit: u32,
+    ) -> Result<Vec<OperationTiming>, StoreError>;
 
     // Snapshots
     async fn insert_snapshot(&self, snapshot: &SnapshotRecord) -> Result<(), StoreError>;
@@ -811,6 +1030,13 @@ pub trait Store: Send + Sync {
         id: &str,
         query: &LogQuery,
     ) -> Result<Vec<SandboxLogLine>, StoreError>;
+    /// Sandbox `id`'s lines with a sequence number above `after`, in order, at most `limit`.
+    async fn sandbox_logs_after(
+        &self,
+        id: &str,
+        after: i64,
+        limit: u32,
+    ) -> Result<Vec<SandboxLogLine>, StoreError>;
     /// The highest sequence number stored for sandbox `id`.
     async fn last_sandbox_log_seq(&self, id: &str) -> Result<Option<i64>, StoreError>;
     /// Deletes lines recorded before `before`; returns how many.
@@ -868,4 +1094,78 @@ pub enum IdempotencyClaim {
         request_hash: String,
         sandbox_id: Option<String>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database's error with only a code, as either driver reports one.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "error {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            "coded"
+        }
+        fn code(&self) -> Option<std::borrow::Cow<'_, str>> {
+            Some(self.0.into())
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    #[test]
+    fn a_full_disk_is_recognised_on_both_back_ends() {
+        let error = |code| StoreError::Database(sqlx::Error::Database(Box::new(Coded(code))));
+        // SQLITE_FULL, PostgreSQL's disk_full.
+        assert!(error("13").disk_full());
+        assert!(error("53100").disk_full());
+        // A unique violation on either, and PostgreSQL's out_of_memory.
+        for code in ["2067", "23505", "53200"] {
+            assert!(!error(code).disk_full(), "{code}");
+        }
+    }
+
+    #[test]
+    fn database_urls_show_no_password() {
+        let url: DatabaseUrl =
+            "postgres://warren:s3cret@db:5432/warren?sslmode=disable&password=other"
+                .parse()
+                .unwrap();
+        let shown = format!("{url} {url:?} {}", Database::Postgres(url.clone()));
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("other"),
+            "{shown}"
+        );
+        assert!(
+            shown.contains("postgres://warren:REDACTED@db:5432/warren?sslmode=disable"),
+            "{shown}"
+        );
+        assert!(url.expose().contains("s3cret"));
+        let plain: DatabaseUrl = "postgresql://db/warren".parse().unwrap();
+        assert_eq!(plain.to_string(), "postgresql://db/warren");
+        assert_eq!(
+            "sqlite:///tmp/x".parse::<DatabaseUrl>(),
+            Err(DatabaseUrlError::Scheme("sqlite".into()))
+        );
+    }
 }

@@ -1,25 +1,12 @@
 //! The SQLite store's sandbox logs (migration 0013): lines the monitor collected from each
 //! sandbox's agent. [`super::SqliteStore`]'s `Store` impl calls these.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
+use super::rows::line_from_row;
 use super::{LogLevel, LogQuery, Millis, SandboxLogLine, StoreError};
-
-fn line_from_row(row: &SqliteRow) -> Result<SandboxLogLine, StoreError> {
-    let level: String = row.try_get("level")?;
-    let fields: String = row.try_get("fields")?;
-    Ok(SandboxLogLine {
-        sandbox_id: row.try_get("sandbox_id")?,
-        seq: row.try_get("seq")?,
-        at: row.try_get("at")?,
-        level: LogLevel::parse(&level).unwrap_or(LogLevel::Info),
-        message: row.try_get("message")?,
-        fields: serde_json::from_str::<BTreeMap<String, String>>(&fields).unwrap_or_default(),
-    })
-}
 
 pub(super) async fn insert(
     pool: &SqlitePool,
@@ -119,6 +106,23 @@ pub(super) async fn page(
     sql.push(" LIMIT ");
     sql.push_bind(i64::try_from(query.limit).unwrap_or(i64::MAX));
     let rows = sql.build().fetch_all(pool).await?;
+    rows.iter().map(line_from_row).collect()
+}
+
+pub(super) async fn after(
+    pool: &SqlitePool,
+    id: &str,
+    after: i64,
+    limit: u32,
+) -> Result<Vec<SandboxLogLine>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM sandbox_logs WHERE sandbox_id = ? AND seq > ? ORDER BY seq LIMIT ?",
+    )
+    .bind(id)
+    .bind(after)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
     rows.iter().map(line_from_row).collect()
 }
 

@@ -1,36 +1,10 @@
 //! The SQLite store's metric samples (migration 0010): what the monitor measured of each running
 //! sandbox, kept for the retention period. [`super::SqliteStore`]'s `Store` impl calls these.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
+use super::rows::{int, sample_from_row};
 use super::{MetricSample, Millis, StoreError};
-
-fn sample_from_row(row: &SqliteRow) -> Result<MetricSample, StoreError> {
-    let count = |name: &str| -> Result<u64, StoreError> {
-        Ok(u64::try_from(row.try_get::<i64, _>(name)?).unwrap_or(0))
-    };
-    Ok(MetricSample {
-        sandbox_id: row.try_get("sandbox_id")?,
-        at: row.try_get("at")?,
-        cpu_pct: row.try_get("cpu_pct")?,
-        cpu_count: u32::try_from(count("cpu_count")?).unwrap_or(u32::MAX),
-        mem_used: count("mem_used")?,
-        mem_total: count("mem_total")?,
-        disk_used: count("disk_used")?,
-        disk_total: count("disk_total")?,
-        pids: count("pids")?,
-        oom_kills: count("oom_kills")?,
-        mem_cache: count("mem_cache")?,
-        net_rx: count("net_rx")?,
-        net_tx: count("net_tx")?,
-    })
-}
-
-/// SQLite integers are signed: counts beyond i64 (never met in practice) are stored as its maximum.
-fn int(value: u64) -> i64 {
-    i64::try_from(value).unwrap_or(i64::MAX)
-}
 
 pub(super) async fn insert(pool: &SqlitePool, samples: &[MetricSample]) -> Result<(), StoreError> {
     if samples.is_empty() {

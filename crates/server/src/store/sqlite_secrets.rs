@@ -1,42 +1,10 @@
 //! The SQLite store's secret rows (migration 0020). Values arrive sealed ([`crate::secrets::Sealed`]):
 //! nothing here sees a plaintext.
 
-use std::collections::BTreeMap;
+use sqlx::SqlitePool;
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
-
+use super::rows::{metadata_json, secret_from_row};
 use super::{Millis, SecretRecord, StoreError};
-use crate::secrets::Sealed;
-
-fn secret_from_row(row: &SqliteRow) -> Result<SecretRecord, StoreError> {
-    let id: String = row.try_get("id")?;
-    let metadata: String = row.try_get("metadata")?;
-    let metadata = serde_json::from_str::<BTreeMap<String, String>>(&metadata).map_err(|e| {
-        StoreError::Corrupt {
-            what: "secret metadata",
-            id: id.clone(),
-            source: Box::new(e),
-        }
-    })?;
-    Ok(SecretRecord {
-        team_id: row.try_get("team_id")?,
-        name: row.try_get("name")?,
-        version: row.try_get("version")?,
-        sealed: Sealed {
-            nonce: row.try_get("nonce")?,
-            ciphertext: row.try_get("ciphertext")?,
-        },
-        metadata,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-        id,
-    })
-}
-
-fn metadata_json(metadata: &BTreeMap<String, String>) -> String {
-    serde_json::to_string(metadata).unwrap_or_else(|_| "{}".to_string())
-}
 
 /// False when the team already has a secret of that name.
 pub(super) async fn insert(pool: &SqlitePool, secret: &SecretRecord) -> Result<bool, StoreError> {
@@ -134,6 +102,10 @@ pub(super) async fn delete(pool: &SqlitePool, team_id: &str, id: &str) -> Result
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use sqlx::Row;
+
     use super::super::{SqliteStore, Store};
     use super::*;
     use crate::secrets::{SecretKey, SecretsError};

@@ -1,53 +1,10 @@
 //! The SQLite store's snapshot rows (the `snapshots` table of migration 0002), kept apart from
 //! `sqlite.rs` to keep files short. [`super::SqliteStore`]'s `Store` impl calls these.
 
-use std::path::PathBuf;
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{QueryBuilder, Row, Sqlite, SqlitePool};
-
+use super::rows::snapshot_from_row;
 use super::{ChecksumStatus, SnapshotFilter, SnapshotRecord, StoreError};
-
-fn corrupt(
-    what: &'static str,
-    id: &str,
-    source: impl std::error::Error + Send + Sync + 'static,
-) -> StoreError {
-    StoreError::Corrupt {
-        what,
-        id: id.to_string(),
-        source: Box::new(source),
-    }
-}
-
-#[derive(Debug, thiserror::Error)]
-#[error("unknown checksum status {0:?}")]
-struct UnknownStatus(String);
-
-fn snapshot_from_row(row: &SqliteRow) -> Result<SnapshotRecord, StoreError> {
-    let id: String = row.try_get("id")?;
-    let layers: String = row.try_get("layers")?;
-    let dir: String = row.try_get("dir")?;
-    let status: String = row.try_get("checksum_status")?;
-    Ok(SnapshotRecord {
-        team_id: row.try_get("team_id")?,
-        name: row.try_get("name")?,
-        sandbox_id: row.try_get("sandbox_id")?,
-        template_id: row.try_get("template_id")?,
-        layers: serde_json::from_str::<Vec<PathBuf>>(&layers)
-            .map_err(|e| corrupt("snapshot layers", &id, e))?,
-        dir: PathBuf::from(dir),
-        size_bytes: row.try_get::<i64, _>("size_bytes")? as u64,
-        checksum_status: ChecksumStatus::parse(&status)
-            .ok_or_else(|| corrupt("snapshot checksum status", &id, UnknownStatus(status)))?,
-        vcpus: row.try_get("vcpus")?,
-        memory_mib: row.try_get::<i64, _>("memory_mib")? as u64,
-        disk_mib: row.try_get::<i64, _>("disk_mib")? as u64,
-        envd_access_token: row.try_get("envd_access_token")?,
-        created_at: row.try_get("created_at")?,
-        id,
-    })
-}
 
 pub(super) async fn insert(pool: &SqlitePool, s: &SnapshotRecord) -> Result<(), StoreError> {
     let layers = serde_json::to_string(&s.layers).unwrap_or_else(|_| "[]".to_string());

@@ -2,9 +2,10 @@
 //! (`template_builds`, migration 0008), kept apart from `sqlite.rs` to keep files short.
 //! [`super::SqliteStore`]'s `Store` impl calls these.
 
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
-use super::{BuildRecord, BuildState, Millis, StoreError, TemplateTag};
+use super::rows::{build_from_row, tag_from_row};
+use super::{BuildRecord, Millis, StoreError, TemplateTag};
 
 pub async fn assign_tags(
     pool: &SqlitePool,
@@ -60,16 +61,7 @@ pub async fn list_tags(
     .bind(template_id)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(TemplateTag {
-                template_id: row.try_get("template_id")?,
-                tag: row.try_get("tag")?,
-                build_id: row.try_get("build_id")?,
-                created_at: row.try_get("created_at")?,
-            })
-        })
-        .collect()
+    rows.iter().map(tag_from_row).collect()
 }
 
 /// A late `building` (the server records it after handing the build to its thread) never overwrites a
@@ -103,22 +95,7 @@ pub async fn get_build(
         .bind(build_id)
         .fetch_optional(pool)
         .await?;
-    let Some(row) = row else {
-        return Ok(None);
-    };
-    let status: String = row.try_get("status")?;
-    Ok(Some(BuildRecord {
-        build_id: row.try_get("build_id")?,
-        template_id: row.try_get("template_id")?,
-        status: BuildState::parse(&status).ok_or_else(|| StoreError::Corrupt {
-            what: "build status",
-            id: build_id.to_string(),
-            source: format!("unknown build status {status:?}").into(),
-        })?,
-        reason: row.try_get("reason")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    }))
+    row.as_ref().map(build_from_row).transpose()
 }
 
 /// Marks every waiting or building build failed with `reason`, and a template whose only build that
@@ -146,99 +123,4 @@ pub async fn fail_unfinished_builds(
     .await?;
     tx.commit().await?;
     Ok(done.rows_affected())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::sqlite::SqliteStore;
-    use super::super::Store;
-    use super::*;
-
-    fn build(id: &str, status: BuildState) -> BuildRecord {
-        BuildRecord {
-            build_id: id.into(),
-            template_id: "t1".into(),
-            status,
-            reason: None,
-            created_at: 1,
-            updated_at: 1,
-        }
-    }
-
-    #[tokio::test]
-    async fn builds_keep_their_state_and_a_restart_fails_unfinished_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_in(dir.path()).await.unwrap();
-        store
-            .upsert_build(&build("b1", BuildState::Waiting))
-            .await
-            .unwrap();
-        store
-            .upsert_build(&build("b2", BuildState::Ready))
-            .await
-            .unwrap();
-        // Finished is final for a late `building`.
-        store
-            .upsert_build(&build("b2", BuildState::Building))
-            .await
-            .unwrap();
-        let b2 = store.get_build("t1", "b2").await.unwrap().unwrap();
-        assert_eq!(b2.status, BuildState::Ready);
-        store
-            .upsert_build(&build("b3", BuildState::Building))
-            .await
-            .unwrap();
-
-        assert_eq!(
-            store.fail_unfinished_builds("restarted", 5).await.unwrap(),
-            2
-        );
-        for id in ["b1", "b3"] {
-            let b = store.get_build("t1", id).await.unwrap().unwrap();
-            assert_eq!(b.status, BuildState::Error, "{id}");
-            assert_eq!(b.reason.as_deref(), Some("restarted"));
-            assert_eq!((b.created_at, b.updated_at), (1, 5));
-        }
-        assert_eq!(
-            store.get_build("t1", "b2").await.unwrap().unwrap().status,
-            BuildState::Ready
-        );
-        assert_eq!(store.get_build("t2", "b1").await.unwrap(), None);
-        assert_eq!(store.fail_unfinished_builds("again", 6).await.unwrap(), 0);
-    }
-
-    #[tokio::test]
-    async fn tags_move_and_go_with_their_template() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open_in(dir.path()).await.unwrap();
-        let tags = |t: &[&str]| t.iter().map(|s| s.to_string()).collect::<Vec<_>>();
-        store
-            .assign_template_tags("t1", "b1", &tags(&["v1", "stable"]), 1)
-            .await
-            .unwrap();
-        store
-            .assign_template_tags("t1", "b2", &tags(&["stable"]), 2)
-            .await
-            .unwrap();
-        let listed: Vec<(String, String)> = store
-            .list_template_tags("t1")
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|t| (t.tag, t.build_id))
-            .collect();
-        assert_eq!(
-            listed,
-            vec![("stable".into(), "b2".into()), ("v1".into(), "b1".into())]
-        );
-        assert_eq!(
-            store
-                .remove_template_tags("t1", &tags(&["v1", "nope"]))
-                .await
-                .unwrap(),
-            1
-        );
-        store.delete_template("t1").await.unwrap();
-        assert!(store.list_template_tags("t1").await.unwrap().is_empty());
-    }
 }

@@ -1,20 +1,9 @@
 //! The SQLite store's volume rows (migration 0019). [`super::SqliteStore`]'s `Store` impl calls these.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
+use super::rows::volume_from_row;
 use super::{StoreError, VolumeDeletion, VolumeRecord};
-
-fn volume_from_row(row: &SqliteRow) -> Result<VolumeRecord, StoreError> {
-    Ok(VolumeRecord {
-        id: row.try_get("id")?,
-        team_id: row.try_get("team_id")?,
-        name: row.try_get("name")?,
-        token: row.try_get("token")?,
-        size_mib: row.try_get::<i64, _>("size_mib")? as u64,
-        created_at: row.try_get("created_at")?,
-    })
-}
 
 pub(super) async fn insert(pool: &SqlitePool, volume: &VolumeRecord) -> Result<(), StoreError> {
     let result = sqlx::query(

@@ -1,21 +1,10 @@
 //! The SQLite store's workspace rows (migration 0009): which sandbox each user of a team is on, and
 //! the history of every move. [`super::SqliteStore`]'s `Store` impl calls these.
 
-use sqlx::sqlite::SqliteRow;
-use sqlx::{Row, SqlitePool};
+use sqlx::SqlitePool;
 
+use super::rows::{workspace_from_row, workspace_move_from_row};
 use super::{StoreError, WorkspaceMove, WorkspaceRecord};
-
-fn workspace_from_row(row: &SqliteRow) -> Result<WorkspaceRecord, StoreError> {
-    Ok(WorkspaceRecord {
-        team_id: row.try_get("team_id")?,
-        user_id: row.try_get("user_id")?,
-        template: row.try_get("template")?,
-        sandbox_id: row.try_get("sandbox_id")?,
-        created_at: row.try_get("created_at")?,
-        updated_at: row.try_get("updated_at")?,
-    })
-}
 
 pub(super) async fn get(
     pool: &SqlitePool,
@@ -79,14 +68,5 @@ pub(super) async fn history(
     .bind(user_id)
     .fetch_all(pool)
     .await?;
-    rows.iter()
-        .map(|row| {
-            Ok(WorkspaceMove {
-                sandbox_id: row.try_get("sandbox_id")?,
-                action: row.try_get("action")?,
-                reason: row.try_get("reason")?,
-                at: row.try_get("at")?,
-            })
-        })
-        .collect()
+    rows.iter().map(workspace_move_from_row).collect()
 }

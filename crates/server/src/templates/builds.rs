@@ -138,9 +138,9 @@ fn tag_error(error: TagError) -> BuildsError {
 
 fn new_template_id() -> String {
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-    let mut rng = rand::thread_rng();
+    let mut rng = rand::rng();
     (0..20)
-        .map(|_| ALPHABET[rng.gen_range(0..ALPHABET.len())] as char)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
         .collect()
 }
 
@@ -736,7 +736,7 @@ impl TemplateBuilds {
     /// A token for one upload of `hash`.
     pub fn upload_token(&self, hash: &str) -> String {
         let mut bytes = [0u8; 16];
-        rand::thread_rng().fill(&mut bytes);
+        rand::rng().fill(&mut bytes);
         let token = hex::encode(bytes);
         self.upload_tokens
             .lock()

@@ -428,7 +428,7 @@ pub struct Owner {
 
 fn rand_suffix() -> String {
     use rand::Rng;
-    format!("{:016x}", rand::thread_rng().gen::<u64>())
+    format!("{:016x}", rand::rng().random::<u64>())
 }
 
 fn time(seconds: i64, nanos: i64) -> String {

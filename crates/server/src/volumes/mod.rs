@@ -92,11 +92,11 @@ pub fn disk(state_dir: &Path, id: &str) -> Result<VolumeDisk, VolumeError> {
 }
 
 fn new_volume_id() -> String {
-    use rand::distributions::{Alphanumeric, DistString};
+    use rand::distr::{Alphanumeric, SampleString};
     format!(
         "vol-{}",
         Alphanumeric
-            .sample_string(&mut rand::thread_rng(), 16)
+            .sample_string(&mut rand::rng(), 16)
             .to_ascii_lowercase()
     )
 }
@@ -104,7 +104,7 @@ fn new_volume_id() -> String {
 fn new_volume_token() -> String {
     use rand::Rng;
     let mut bytes = [0u8; 24];
-    rand::thread_rng().fill(&mut bytes);
+    rand::rng().fill(&mut bytes);
     hex::encode(bytes)
 }
 

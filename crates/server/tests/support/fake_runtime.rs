@@ -76,6 +76,8 @@ impl FakeRuntime {
             capacity: Mutex::new(HostCapacity {
                 sandbox_tasks: u64::MAX,
                 sandbox_disk_bytes: u64::MAX,
+                disk_reserve_bytes: 0,
+                disk_promised_bytes: 0,
             }),
             deadlines: Mutex::new(HashMap::new()),
         })
@@ -454,7 +456,8 @@ impl Runtime for FakeRuntime {
             stored_bytes: 1,
             raw_bytes: 1,
             zstd: true,
-            sha256: String::new(),
+            sha256: "00".into(),
+            chunks: None,
         };
         let manifest = warren_runtime::checkpoint::Manifest {
             format: warren_runtime::checkpoint::manifest::FORMAT,

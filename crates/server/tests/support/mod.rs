@@ -181,3 +181,48 @@ pub fn assert_error(answer: &Answer, status: StatusCode, needle: &str) {
     let message = body["message"].as_str().unwrap();
     assert!(message.contains(needle), "{message:?} lacks {needle:?}");
 }
+
+/// Stores template `id`, a copy of `base` whose build ended with a checkpoint of its start command
+/// running (what the build runner leaves), so its sandboxes start by restoring that checkpoint.
+pub async fn running_state_template(h: &Harness, id: &str) -> warren_server::store::TemplateRecord {
+    use warren_runtime::Runtime;
+    use warren_server::templates::builder::versions::{
+        BuiltTemplate, TemplateStart, TemplateVersions,
+    };
+
+    let store = h.server.server.lifecycle.store().clone();
+    let base = store.get_template("base").await.unwrap().unwrap();
+    let versions = TemplateVersions::new(h.server.state_dir());
+    let checkpoint = versions.build_dir(id, "b1").unwrap().join("checkpoint");
+    let builder = format!("{id}-builder");
+    h.runtime.start_untracked(&builder);
+    h.runtime.checkpoint(&builder, &checkpoint, false).unwrap();
+    versions
+        .save(&BuiltTemplate {
+            template_id: id.into(),
+            build_id: "b1".into(),
+            created_at: "2026-12-02T00:00:00Z".into(),
+            layers: base.layers.clone(),
+            layer_keys: Vec::new(),
+            final_key: String::new(),
+            env: Default::default(),
+            user: "user".into(),
+            workdir: "/home/user".into(),
+            start_cmd: Some("python3 -m http.server".into()),
+            ready_cmd: None,
+            cpu_count: None,
+            memory_mb: None,
+            privileges: Default::default(),
+            start: TemplateStart::Checkpoint { dir: checkpoint },
+            build_seconds: 1.0,
+            cached_steps: 0,
+            total_steps: 1,
+        })
+        .unwrap();
+    let mut template = base;
+    template.id = id.to_string();
+    template.aliases = Vec::new();
+    template.build_id = "b1".to_string();
+    store.upsert_template(&template).await.unwrap();
+    template
+}

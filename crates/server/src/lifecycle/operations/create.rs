@@ -218,7 +218,10 @@ impl Lifecycle {
         self.check_egress(&record.id, &record.egress).await?;
         self.check_placeholders(&record.team_id, &record.env_vars, &record.egress)
             .await?;
-        let record = self.admit_and_start(record, &source).await?;
+        let record = match self.take_pooled(&source, !record.volumes.is_empty()) {
+            Some(member) => self.start_pooled(record, &source, member).await?,
+            None => self.admit_and_start(record, &source).await?,
+        };
         if source.counts_as_template_spawn {
             if let Err(error) = self
                 .store
@@ -243,49 +246,7 @@ impl Lifecycle {
         let network = self.resolved_network_spec(&record).await?;
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
-        {
-            let _admitting = self.admission.lock().await;
-            let live = self.resource_holders().await?;
-            let max_pids = self.config.default_resources.max_pids;
-            let request = Request {
-                vcpus: record.vcpus,
-                memory_mib: record.memory_mib,
-                max_pids,
-                disk_mib: record.disk_mib,
-            };
-            let capacity = match self.on_runtime(|runtime| runtime.host_capacity()).await {
-                Ok(capacity) => capacity,
-                Err(source) => {
-                    self.forget_lock(&record.id);
-                    return Err(LifecycleError::Runtime {
-                        action: "measure the host for",
-                        id: record.id.clone(),
-                        source,
-                    });
-                }
-            };
-            let team = self.store.get_team(&record.team_id).await?;
-            let team_live = live.iter().filter(|s| s.team_id == record.team_id);
-            // Template builds' sandboxes hold resources too.
-            let usage = self.usage_with_builds(Usage::of(&live, max_pids), None, None);
-            let refused = admission::admit(&self.config.limits, usage, request, capacity)
-                .err()
-                .or_else(|| {
-                    let team = team.as_ref()?;
-                    let own = self.usage_with_builds(
-                        Usage::of(team_live, max_pids),
-                        None,
-                        Some(&record.team_id),
-                    );
-                    admission::admit_team(team, own, request).err()
-                });
-            if let Some(refused) = refused {
-                self.metrics.admission_refused();
-                self.forget_lock(&record.id);
-                return Err(refused.into());
-            }
-            self.store.insert_sandbox(&record).await?;
-        }
+        self.admit_and_insert(&record, None).await?;
         let admitted = std::time::Instant::now();
 
         let mut spec = self.spec_with_layers(&record, source.layers.clone(), network);
@@ -295,17 +256,18 @@ impl Lifecycle {
         let (action, started) = match checkpoint {
             Some(dir) if source.boot_from_disk => (
                 "boot",
-                self.on_runtime(move |runtime| runtime.boot_from_disk(&dir, &spec))
+                self.on_runtime_setup(move |runtime| runtime.boot_from_disk(&dir, &spec))
                     .await,
             ),
             Some(dir) => (
                 "restore",
-                self.on_runtime(move |runtime| runtime.restore(&dir, &spec))
+                self.on_runtime_setup(move |runtime| runtime.restore(&dir, &spec))
                     .await,
             ),
             None => (
                 "start",
-                self.on_runtime(move |runtime| runtime.create(&spec)).await,
+                self.on_runtime_setup(move |runtime| runtime.create(&spec))
+                    .await,
             ),
         };
         let sandbox = match started {
@@ -371,9 +333,147 @@ impl Lifecycle {
         Ok(record)
     }
 
+    /// Hand `member` of the template's warm pool out as `record`: it takes the member's ID (and so
+    /// its address and hostname), is admitted and stored, then thawed and given what any restored
+    /// sandbox gets (network rules, environment, token, clock).
+    async fn start_pooled(
+        &self,
+        mut record: SandboxRecord,
+        source: &StartSource,
+        member: super::pool::Member,
+    ) -> Result<SandboxRecord, LifecycleError> {
+        let id = member.sandbox.id.clone();
+        record.id = id.clone();
+        let network = match self.resolved_network_spec(&record).await {
+            Ok(network) => network,
+            Err(error) => {
+                self.discard_member(&id).await;
+                return Err(error);
+            }
+        };
+        let lock = self.lock_for(&id);
+        let _held = lock.lock().await;
+        if let Err(error) = self.admit_and_insert(&record, Some(&id)).await {
+            self.discard_member(&id).await;
+            return Err(error);
+        }
+        self.member_handed_out(&id).await;
+        let admitted = std::time::Instant::now();
+        let changed = (network != member.network).then_some(network);
+        let thawed = self
+            .on_runtime(move |runtime| {
+                if let Some(network) = &changed {
+                    runtime.set_network(&id, network)?;
+                }
+                runtime.thaw(&id)
+            })
+            .await;
+        let ready = match thawed {
+            Ok(()) => {
+                self.init_agent_at(
+                    &record,
+                    member.sandbox.agent_addr(),
+                    source.agent_token.as_deref(),
+                    source.defaults.workdir.clone(),
+                )
+                .await
+            }
+            Err(source) => Err(LifecycleError::Runtime {
+                action: "thaw a warm-pool member as",
+                id: record.id.clone(),
+                source,
+            }),
+        };
+        if let Err(error) = ready {
+            let id = record.id.clone();
+            if let Err(destroy) = self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+                tracing::warn!(sandbox = %record.id, error = %destroy, "destroy after failed hand-out");
+            }
+            self.fail(&mut record, format!("warm-pool hand-out failed: {error}"))
+                .await;
+            return Err(error);
+        }
+        self.transition(
+            &mut record,
+            SandboxState::Running,
+            TransitionUpdate {
+                ip: Some(Some(member.sandbox.ip)),
+                init_pid: Some(Some(member.sandbox.init_pid)),
+                reason: Some(format!(
+                    "restored from {} (warm pool)",
+                    member.checkpoint.display()
+                )),
+                ..TransitionUpdate::default()
+            },
+        )
+        .await?;
+        self.metrics
+            .sandbox_started(admitted.elapsed().as_secs_f64());
+        Ok(record)
+    }
+
+    /// A member taken for a create that was then refused: destroyed (the pool refills).
+    async fn discard_member(&self, id: &str) {
+        self.destroy_member(id, "the create that took it was refused")
+            .await;
+        self.forget_lock(id);
+    }
+
+    /// Admit `record` against the node's limits and its team's quotas, with every live sandbox,
+    /// build sandbox and warm-pool member counted (but `except`, which becomes `record`), and store
+    /// it. On refusal the record's lock is forgotten and nothing is stored.
+    async fn admit_and_insert(
+        &self,
+        record: &SandboxRecord,
+        except: Option<&str>,
+    ) -> Result<(), LifecycleError> {
+        let _admitting = self.admission.lock().await;
+        let live = self.resource_holders().await?;
+        let max_pids = self.config.default_resources.max_pids;
+        let request = Request {
+            vcpus: record.vcpus,
+            memory_mib: record.memory_mib,
+            max_pids,
+            disk_mib: record.disk_mib,
+        };
+        let capacity = match self.on_runtime(|runtime| runtime.host_capacity()).await {
+            Ok(capacity) => capacity,
+            Err(source) => {
+                self.forget_lock(&record.id);
+                return Err(LifecycleError::Runtime {
+                    action: "measure the host for",
+                    id: record.id.clone(),
+                    source,
+                });
+            }
+        };
+        let team = self.store.get_team(&record.team_id).await?;
+        let team_live = live.iter().filter(|s| s.team_id == record.team_id);
+        // Template builds' sandboxes and warm-pool members hold resources too.
+        let usage = self.usage_with_builds(Usage::of(&live, max_pids), except, None);
+        let refused = admission::admit(&self.config.limits, usage, request, capacity)
+            .err()
+            .or_else(|| {
+                let team = team.as_ref()?;
+                let own = self.usage_with_builds(
+                    Usage::of(team_live, max_pids),
+                    None,
+                    Some(&record.team_id),
+                );
+                admission::admit_team(team, own, request).err()
+            });
+        if let Some(refused) = refused {
+            self.metrics.admission_refused();
+            self.forget_lock(&record.id);
+            return Err(refused.into());
+        }
+        self.store.insert_sandbox(record).await?;
+        Ok(())
+    }
+
     /// Where a sandbox of `id_or_alias` starts from: a ready template (its build checkpoint when the
     /// build left one, else a cold start on its layers), or else a snapshot of that id or name.
-    async fn start_source(
+    pub(super) async fn start_source(
         &self,
         team_id: &str,
         id_or_alias: &str,

@@ -36,7 +36,10 @@ impl Lifecycle {
         let checkpointed = record.pause_kind.is_some_and(PauseKind::on_disk);
         if !checkpointed {
             let id = record.id.clone();
-            match self.on_runtime(move |runtime| runtime.destroy(&id)).await {
+            match self
+                .on_runtime_setup(move |runtime| runtime.destroy(&id))
+                .await
+            {
                 Ok(()) | Err(RuntimeError::NotFound(_)) => {}
                 Err(source) => {
                     self.fail(record, format!("destroy failed: {source}")).await;

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use super::{Lifecycle, LifecycleError};
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::{LogLevel, LogQuery, Millis, SandboxLogLine, SandboxRecord};
+use crate::store::{LogLevel, LogQuery, Millis, SandboxEvent, SandboxLogLine, SandboxRecord};
 
 /// Lines longer than this are cut (the agent cuts at 8 KiB already).
 const MAX_MESSAGE: usize = 8 << 10;
@@ -44,10 +44,60 @@ struct AgentPage {
 /// One line of `/sandboxes/{id}/logs`: a lifecycle event or a line from the agent.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LogItem {
+    pub source: LogSource,
     pub at: Millis,
     pub level: LogLevel,
     pub message: String,
     pub fields: BTreeMap<String, String>,
+}
+
+/// Where a [`LogItem`] comes from, with its sequence number there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSource {
+    /// A lifecycle event (`sandbox_events.seq`).
+    Event(i64),
+    /// A line of the agent's log (its own sequence number).
+    Line(i64),
+}
+
+/// A lifecycle event as a log item.
+pub(super) fn event_item(event: SandboxEvent) -> LogItem {
+    let from = event
+        .from_state
+        .map_or("-".to_string(), |state| state.to_string());
+    let mut message = format!("sandbox {from} -> {}", event.to_state);
+    if let Some(reason) = &event.reason {
+        message.push_str(": ");
+        message.push_str(reason);
+    }
+    let level = if event.to_state == SandboxState::Failed {
+        LogLevel::Error
+    } else {
+        LogLevel::Info
+    };
+    let fields = BTreeMap::from([
+        ("event".to_string(), "lifecycle".to_string()),
+        ("from".to_string(), from),
+        ("to".to_string(), event.to_state.to_string()),
+    ]);
+    LogItem {
+        source: LogSource::Event(event.seq),
+        at: event.at,
+        level,
+        message,
+        fields,
+    }
+}
+
+/// A stored line of the agent's log as a log item.
+pub(super) fn line_item(line: SandboxLogLine) -> LogItem {
+    LogItem {
+        source: LogSource::Line(line.seq),
+        at: line.at,
+        level: line.level,
+        message: line.message,
+        fields: line.fields,
+    }
 }
 
 fn cut(text: &mut String, bound: usize) {
@@ -91,20 +141,23 @@ fn lines_of(id: &str, created_at: Millis, now: Millis, page: AgentPage) -> Vec<S
         .collect()
 }
 
-/// Asks the agent at `ip` for its entries after `after` (blocking).
+/// Asks the agent at `ip` for its entries after `after` (blocking); with a `wait`, the agent holds
+/// the answer up to that long until there is one (an agent from before `wait_ms` answers at once).
 fn fetch_page(
     ip: std::net::Ipv4Addr,
     token: Option<&str>,
     after: u64,
+    wait: Duration,
 ) -> Result<AgentPage, String> {
     let agent = ureq::AgentBuilder::new()
         .timeout_connect(Duration::from_secs(2))
-        .timeout_read(Duration::from_secs(5))
+        .timeout_read(Duration::from_secs(5) + wait)
         .max_idle_connections(0)
         .build();
     let url = format!(
-        "http://{ip}:{}/warren/logs?after={after}&limit={PAGE}",
-        warren_runtime::AGENT_PORT
+        "http://{ip}:{}/warren/logs?after={after}&limit={PAGE}&wait_ms={}",
+        warren_runtime::AGENT_PORT,
+        wait.as_millis()
     );
     let mut request = agent.get(&url);
     if let Some(token) = token {
@@ -121,6 +174,16 @@ impl Lifecycle {
     /// lines were stored. A sandbox that is not running (or whose agent does not answer) has
     /// nothing new.
     pub async fn collect_logs(&self, record: &SandboxRecord) -> Result<usize, LifecycleError> {
+        self.collect_logs_waiting(record, Duration::ZERO).await
+    }
+
+    /// [`Lifecycle::collect_logs`], but when the agent has nothing new it is given up to `wait`
+    /// to record something (the live tail's long poll).
+    pub(super) async fn collect_logs_waiting(
+        &self,
+        record: &SandboxRecord,
+        wait: Duration,
+    ) -> Result<usize, LifecycleError> {
         let (SandboxState::Running, Some(ip)) = (record.state, record.ip) else {
             return Ok(0);
         };
@@ -133,10 +196,11 @@ impl Lifecycle {
             }
         };
         let token = record.envd_access_token.clone();
-        let fetched = tokio::task::spawn_blocking(move || fetch_page(ip, token.as_deref(), after))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|page| page);
+        let fetched =
+            tokio::task::spawn_blocking(move || fetch_page(ip, token.as_deref(), after, wait))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|page| page);
         let page = match fetched {
             Ok(page) => page,
             Err(error) => {
@@ -201,32 +265,7 @@ impl Lifecycle {
         let search = query.search.as_deref().map(str::to_lowercase);
         let mut items: Vec<LogItem> = events
             .into_iter()
-            .map(|event| {
-                let from = event
-                    .from_state
-                    .map_or("-".to_string(), |state| state.to_string());
-                let mut message = format!("sandbox {from} -> {}", event.to_state);
-                if let Some(reason) = &event.reason {
-                    message.push_str(": ");
-                    message.push_str(reason);
-                }
-                let level = if event.to_state == SandboxState::Failed {
-                    LogLevel::Error
-                } else {
-                    LogLevel::Info
-                };
-                let fields = BTreeMap::from([
-                    ("event".to_string(), "lifecycle".to_string()),
-                    ("from".to_string(), from),
-                    ("to".to_string(), event.to_state.to_string()),
-                ]);
-                LogItem {
-                    at: event.at,
-                    level,
-                    message,
-                    fields,
-                }
-            })
+            .map(event_item)
             .filter(|item| item.level >= query.min_level)
             .filter(|item| match (query.cursor, query.forward) {
                 (None, _) => true,
@@ -239,12 +278,7 @@ impl Lifecycle {
                     .is_none_or(|s| item.message.to_lowercase().contains(s))
             })
             .collect();
-        items.extend(lines.into_iter().map(|line| LogItem {
-            at: line.at,
-            level: line.level,
-            message: line.message,
-            fields: line.fields,
-        }));
+        items.extend(lines.into_iter().map(line_item));
         // Stable: events and lines at one millisecond keep their own order.
         if query.forward {
             items.sort_by_key(|item| item.at);

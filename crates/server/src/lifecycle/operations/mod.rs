@@ -4,12 +4,15 @@
 
 mod create;
 mod kill;
+mod log_tail;
+pub use log_tail::LogTail;
 mod logs;
 pub use logs::LogItem;
 mod network;
 mod orphans;
 pub(crate) use orphans::agent_processes;
 mod pause;
+pub mod pool;
 mod query;
 mod resume;
 mod secrets;
@@ -24,7 +27,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use rand::distributions::{Alphanumeric, DistString};
+use rand::distr::{Alphanumeric, SampleString};
 use rand::Rng;
 use warren_runtime::{Capabilities, Resources, Runtime, RuntimeError, SandboxSpec};
 
@@ -130,6 +133,11 @@ pub struct Lifecycle {
     build_usage: Mutex<HashMap<String, BuildHold>>,
     /// The operator's key for stored secrets (loaded, or made, once).
     keyring: crate::secrets::Keyring,
+    /// Room for sandboxes being set up or torn down at once (`--setup-concurrency`, see
+    /// `on_runtime_setup`).
+    setup_slots: tokio::sync::Semaphore,
+    /// Restored, frozen sandboxes waiting for creates of their template (`--warm-pool`).
+    pools: pool::WarmPools,
 }
 
 /// What a template build's sandbox holds, and whose it is.
@@ -152,8 +160,8 @@ fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) ->
 /// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
 /// contains no `-`, so `<port>-<id>` splits cleanly).
 pub(crate) fn new_sandbox_id() -> String {
-    let mut rng = rand::thread_rng();
-    let first = rng.gen_range(b'a'..=b'z') as char;
+    let mut rng = rand::rng();
+    let first = rng.random_range(b'a'..=b'z') as char;
     let rest: String = Alphanumeric
         .sample_string(&mut rng, 19)
         .to_ascii_lowercase();
@@ -162,7 +170,7 @@ pub(crate) fn new_sandbox_id() -> String {
 
 pub(crate) fn new_access_token() -> String {
     let mut bytes = [0u8; 24];
-    rand::thread_rng().fill(&mut bytes);
+    rand::rng().fill(&mut bytes);
     hex::encode(bytes)
 }
 
@@ -176,6 +184,10 @@ impl Lifecycle {
         let capabilities = runtime.capabilities();
         let keyring =
             crate::secrets::Keyring::load(config.secrets_key_file.as_deref(), &config.state_dir);
+        let setup_slots = tokio::sync::Semaphore::new(match config.limits.setup_concurrency {
+            0 => 2 * std::thread::available_parallelism().map_or(2, std::num::NonZeroUsize::get),
+            n => n,
+        });
         Lifecycle {
             keyring,
             store,
@@ -190,6 +202,8 @@ impl Lifecycle {
             log_cursors: Mutex::new(HashMap::new()),
             build_sandboxes: Mutex::new(None),
             build_usage: Mutex::new(HashMap::new()),
+            setup_slots,
+            pools: pool::WarmPools::default(),
         }
     }
 
@@ -381,6 +395,11 @@ impl Lifecycle {
     }
 
     /// Run a blocking runtime call off the async threads.
+    /// The runtime, for work that outlives the operation that starts it.
+    pub(crate) fn runtime_handle(&self) -> Arc<dyn Runtime> {
+        Arc::clone(&self.runtime)
+    }
+
     pub(crate) async fn on_runtime<T, F>(&self, call: F) -> Result<T, RuntimeError>
     where
         T: Send + 'static,
@@ -394,6 +413,25 @@ impl Lifecycle {
                     "runtime call panicked: {join}"
                 )))
             })
+    }
+
+    /// A runtime call that sets a sandbox up or tears it down (create, restore, boot, destroy):
+    /// as [`Lifecycle::on_runtime`], with at most `--setup-concurrency` such calls at a time (two
+    /// per CPU by default). They are mostly CPU work (mounts, namespaces, cgroups, the network, the
+    /// agent's start); many more of them at once only lengthen the run queue that everything else
+    /// on the host waits in, commands in running sandboxes included, without finishing sooner
+    /// (docs/performance.md has the figures). The others wait here, in order.
+    pub(crate) async fn on_runtime_setup<T, F>(&self, call: F) -> Result<T, RuntimeError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&dyn Runtime) -> Result<T, RuntimeError> + Send + 'static,
+    {
+        let _slot = self
+            .setup_slots
+            .acquire()
+            .await
+            .map_err(|closed| RuntimeError::failed(format!("setup slots closed: {closed}")))?;
+        self.on_runtime(call).await
     }
 
     pub(crate) fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -421,6 +459,15 @@ impl Lifecycle {
     ) -> Result<(), LifecycleError> {
         record.state.check_transition(to)?;
         let now = now_millis();
+        // The in-between state (`creating`, `resuming`, `pausing`) was entered at the record's last
+        // update: the operation took since then.
+        let update = TransitionUpdate {
+            took: record
+                .state
+                .finishes(to)
+                .map(|_| now.saturating_sub(record.updated_at)),
+            ..update
+        };
         self.store
             .transition_sandbox(&record.id, record.state, to, &update, now)
             .await?;

@@ -15,7 +15,7 @@ use warren_runtime::ProcessInfo;
 use super::{Lifecycle, LifecycleError};
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
-use crate::store::SandboxRecord;
+use crate::store::{Policy, SandboxRecord};
 use crate::templates::builder::agent_commands::{EnvdCommands, RunningProcess};
 
 /// The orphans in `processes` (a sandbox's, PIDs as it sees them) given the PIDs its agent `started`:
@@ -117,9 +117,16 @@ impl Lifecycle {
                 describe(&reaped)
             );
             tracing::info!(sandbox = %id, "{text}");
-            self.metrics().policy_action("orphans", "reaped");
+            self.metrics()
+                .policy_action(Policy::Orphans.as_str(), "reaped");
             self.store()
-                .note_sandbox_event(id, SandboxState::Running, &text, now_millis())
+                .note_sandbox_event(
+                    id,
+                    SandboxState::Running,
+                    &text,
+                    Some(Policy::Orphans),
+                    now_millis(),
+                )
                 .await?;
         }
         Ok(reaped)

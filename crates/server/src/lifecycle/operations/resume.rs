@@ -155,7 +155,7 @@ impl Lifecycle {
                     },
                 )
                 .await?;
-                remove_snapshot(&dir).await;
+                self.retire_snapshot(&record.id, dir).await;
                 Ok(())
             }
             Some(PauseKind::Filesystem) => self.reboot_locked(record, end_at).await,
@@ -183,6 +183,43 @@ impl Lifecycle {
                 }
             }
         }
+    }
+
+    /// Disposes of the checkpoint a sandbox was just resumed from. A lazy restore may still be
+    /// bringing its memory in from it, so it is moved aside at once (a pause may write a new one in
+    /// its place) and removed only once the runtime says every page arrived; if the transfer failed
+    /// (a damaged chunk: the runtime ended the sandbox), it goes back in place, and the reconciler
+    /// records the sandbox failed with it (see `reconcile::sweep`).
+    async fn retire_snapshot(&self, id: &str, dir: std::path::PathBuf) {
+        let Some(aside) = dir.file_name().map(|name| {
+            dir.with_file_name(format!(
+                ".resumed-{}-{}",
+                name.to_string_lossy(),
+                now_millis()
+            ))
+        }) else {
+            return remove_snapshot(&dir).await;
+        };
+        if tokio::fs::rename(&dir, &aside).await.is_err() {
+            return remove_snapshot(&dir).await;
+        }
+        let runtime = self.runtime_handle();
+        let id = id.to_string();
+        tokio::spawn(async move {
+            let settled = {
+                let id = id.clone();
+                tokio::task::spawn_blocking(move || runtime.memory_settled(&id)).await
+            };
+            match settled {
+                Ok(Err(error)) => {
+                    tracing::warn!(sandbox = %id, %error, "lazy restore failed; its checkpoint is kept");
+                    if tokio::fs::rename(&aside, &dir).await.is_err() {
+                        tracing::warn!(sandbox = %id, kept = %aside.display(), "the checkpoint stays aside");
+                    }
+                }
+                _ => remove_snapshot(&aside).await,
+            }
+        });
     }
 
     /// Boots a paused sandbox afresh over its saved files: from its checkpoint directory (any memory
@@ -320,6 +357,7 @@ impl Lifecycle {
                 pause_kind: Some(None),
                 snapshot_dir: Some(None),
                 end_at: Some(end_at),
+                ..TransitionUpdate::default()
             },
         )
         .await?;

@@ -39,7 +39,7 @@ pub enum SdkTemplateError {
 }
 
 /// `TemplateBuildStartV2` as the SDK serialises it.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateBuildStartV2 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -59,7 +59,7 @@ pub struct TemplateBuildStartV2 {
 }
 
 /// `TemplateStep`: `type` is COPY, RUN, ENV, WORKDIR or USER.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TemplateStep {
     #[serde(rename = "type")]
