@@ -57,6 +57,37 @@ const MAX_PAGES_PER_ANSWER: u32 = 1024;
 pub const LAZY_DIR: &str = "lazy";
 /// How long the transfer may take before it counts as stuck.
 const TRANSFER_LIMIT: Duration = Duration::from_secs(600);
+/// How long the page server and the daemon may take to say they are ready. Both answer within
+/// milliseconds; one that has not after this is stuck (a daemon whose start-up probe child was
+/// killed was seen asleep for minutes), and the restore must fail rather than wait with it.
+const READY_LIMIT: Duration = Duration::from_secs(10);
+
+/// Waits until `fd` can be read (or its writer is gone: then a read returns what is left, or end of
+/// file), at most `limit`; false when the time ran out.
+fn readable_within(fd: RawFd, limit: Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let mut poll = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let millis = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+        // SAFETY: one valid pollfd on the stack.
+        let ready = unsafe { libc::poll(&mut poll, 1, millis) };
+        if ready > 0 {
+            return true;
+        }
+        if ready < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            // Let the read that follows report what is wrong with the descriptor.
+            return true;
+        }
+    }
+}
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> CheckpointError {
     let context = context.into();
@@ -363,10 +394,22 @@ impl LazyTransfer {
     /// `criu restore --lazy-pages --work-dir <returned dir>`.
     pub fn start(
         criu: &Path,
+        server: Command,
+        checkpoint: &Path,
+        images: &Path,
+        work_dir: &Path,
+    ) -> Result<Self, CheckpointError> {
+        Self::start_within(criu, server, checkpoint, images, work_dir, READY_LIMIT)
+    }
+
+    /// [`LazyTransfer::start`], with `ready_limit` for each of the two to say it is ready.
+    fn start_within(
+        criu: &Path,
         mut server: Command,
         checkpoint: &Path,
         images: &Path,
         work_dir: &Path,
+        ready_limit: Duration,
     ) -> Result<Self, CheckpointError> {
         let dir = work_dir.join(LAZY_DIR);
         let _ = std::fs::remove_dir_all(&dir);
@@ -402,7 +445,11 @@ impl LazyTransfer {
         };
         let mut report = BufReader::new(File::from(report_read));
         let mut line = String::new();
-        let _ = report.read_line(&mut line);
+        if readable_within(report.get_ref().as_raw_fd(), ready_limit) {
+            let _ = report.read_line(&mut line);
+        } else {
+            line = format!("no answer within {ready_limit:?}");
+        }
         if line.trim_end() != "ready" {
             stop_server(&mut server_child);
             return Err(CheckpointError::Invalid(format!(
@@ -470,7 +517,18 @@ impl LazyTransfer {
             log,
         };
         let mut ready = [0u8; 1];
-        if File::from(status_read).read_exact(&mut ready).is_err() {
+        let mut status = File::from(status_read);
+        if !readable_within(status.as_raw_fd(), ready_limit) {
+            transfer.kill();
+            return Err(CheckpointError::Criu {
+                action: "lazy-pages",
+                message: format!(
+                    "the daemon did not get ready within {ready_limit:?}: {}",
+                    super::criu::log_errors(&transfer.log)
+                ),
+            });
+        }
+        if status.read_exact(&mut ready).is_err() {
             let said = super::criu::log_errors(&transfer.log);
             transfer.kill();
             return Err(CheckpointError::Criu {
@@ -621,6 +679,73 @@ mod tests {
             sha256: "00".into(),
             chunks: None,
         }
+    }
+
+    /// A script at `path` that records its PID in `pid_file` and then runs `rest`.
+    fn script(path: &Path, pid_file: &Path, rest: &str) {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::write(
+            path,
+            format!("#!/bin/sh\necho $$ > {}\n{rest}\n", pid_file.display()),
+        )
+        .unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn gone(pid_file: &Path) -> bool {
+        let pid = std::fs::read_to_string(pid_file).unwrap();
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()));
+        // Killed and reaped: no such process any more (or, at worst, a zombie not yet reaped).
+        stat.map_or(true, |s| {
+            s.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        })
+    }
+
+    /// The daemon or the page server stuck before it says it is ready (seen: a `criu lazy-pages`
+    /// asleep for minutes after the child of its start-up probe was killed) must fail the restore in
+    /// bounded time, and neither process may outlive it.
+    #[test]
+    fn a_daemon_or_page_server_that_never_gets_ready_fails_the_start_and_is_killed() {
+        let dir = std::env::temp_dir().join(format!("wt-lazy-stuck-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (server_pid, daemon_pid) = (dir.join("server.pid"), dir.join("daemon.pid"));
+        let (server, daemon) = (dir.join("server.sh"), dir.join("criu.sh"));
+        let limit = Duration::from_millis(300);
+        let start = |server: &Path| {
+            let began = std::time::Instant::now();
+            let result =
+                LazyTransfer::start_within(&daemon, Command::new(server), &dir, &dir, &dir, limit);
+            (result, began.elapsed())
+        };
+
+        // A page server that is ready, beside a daemon that never is.
+        script(&server, &server_pid, "echo ready >&\"$4\"; exec sleep 600");
+        script(&daemon, &daemon_pid, "exec sleep 600");
+        let (result, took) = start(&server);
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("lazy-pages"), "{error}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(
+            gone(&server_pid) && gone(&daemon_pid),
+            "a process outlived the failed start"
+        );
+
+        // A page server that never says it is ready: the daemon is never started.
+        std::fs::remove_file(&daemon_pid).unwrap();
+        script(&server, &server_pid, "exec sleep 600");
+        let (result, took) = start(&server);
+        let error = result.unwrap_err().to_string();
+        assert!(error.contains("page server did not start"), "{error}");
+        assert!(took < Duration::from_secs(5), "{took:?}");
+        assert!(
+            gone(&server_pid),
+            "the page server outlived the failed start"
+        );
+        assert!(!daemon_pid.exists(), "the daemon was started after all");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
