@@ -220,6 +220,13 @@ pub struct UpArgs {
     /// sandboxes may still write) cannot hold a sandbox's layer.
     #[arg(long, env = "WARREN_SANDBOX_DISK_MIB")]
     pub sandbox_disk_mib: Option<u64>,
+    /// How many times over the state disk's free space (above the reserve) admission may promise
+    /// it to sandboxes' writable layers, which are sparse and grow as they are written. 1 (the
+    /// default): every sandbox could fill its layer at once and the host's disk would still hold.
+    /// Above 1 more sandboxes fit, and sandboxes that do fill their layers together can run the
+    /// state disk out of space (docs/security.md).
+    #[arg(long, env = "WARREN_DISK_OVERCOMMIT", value_name = "RATIO", value_parser = parse_overcommit)]
+    pub disk_overcommit: Option<f64>,
     /// Leave the kernel's RCU grace periods as they are. By default Warren sets
     /// /sys/kernel/rcu_expedited to 1 (host-wide, kept after it stops), which takes ~10 ms off every
     /// create on cgroup v1 hosts.
@@ -660,6 +667,19 @@ pub fn parse_key_value(raw: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `--disk-overcommit`: a ratio from 1 to 100.
+fn parse_overcommit(value: &str) -> Result<f64, String> {
+    let ratio: f64 = value
+        .parse()
+        .map_err(|_| format!("{value:?} is not a number"))?;
+    if !(1.0..=100.0).contains(&ratio) {
+        return Err(format!(
+            "{value} is outside 1 to 100 (1: no overcommit; a ratio below 1 would refuse space the disk has)"
+        ));
+    }
+    Ok(ratio)
+}
+
 /// `TEMPLATE=N` of `--warm-pool`.
 fn parse_warm_pool(value: &str) -> Result<(String, usize), String> {
     let (template, size) = value
@@ -820,6 +840,15 @@ mod tests {
         assert_eq!(parse_key_value("a="), Ok(("a".into(), "".into())));
         assert!(parse_key_value("=b").is_err());
         assert!(parse_key_value("ab").is_err());
+    }
+
+    #[test]
+    fn overcommit_is_a_ratio_from_one_to_a_hundred() {
+        assert_eq!(parse_overcommit("1"), Ok(1.0));
+        assert_eq!(parse_overcommit("2.5"), Ok(2.5));
+        for bad in ["0.5", "0", "-2", "101", "NaN", "inf", "two", ""] {
+            assert!(parse_overcommit(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

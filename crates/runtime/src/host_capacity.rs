@@ -62,13 +62,23 @@ pub struct HostCapacity {
     /// Tasks (processes + threads) all sandboxes together may hold: the kernel's ceiling less the
     /// host's reserve.
     pub sandbox_tasks: u64,
-    /// Bytes new sandboxes' writable layers may claim on the state disk: free space less the reserve
-    /// and less what the live sandboxes' sparse images may still grow by.
-    pub sandbox_disk_bytes: u64,
-    /// The reserve kept off `sandbox_disk_bytes` (to name it when a sandbox does not fit).
+    /// Space left on the state disk (`f_bavail`).
+    pub disk_free_bytes: u64,
+    /// What admission keeps free of sandboxes' writable layers.
     pub disk_reserve_bytes: u64,
-    /// What the live sandboxes' images may still grow by, also kept off `sandbox_disk_bytes`.
+    /// What the live sandboxes' sparse images may still grow by (apparent less allocated size).
     pub disk_promised_bytes: u64,
+}
+
+impl HostCapacity {
+    /// Bytes new writable layers may still be promised, when the state disk's space above the
+    /// reserve may be promised `overcommit` times over (1: every layer could fill at once and the
+    /// reserve would still hold).
+    pub fn sandbox_disk_bytes(&self, overcommit: f64) -> u64 {
+        let room = self.disk_free_bytes.saturating_sub(self.disk_reserve_bytes);
+        let promisable = (room as f64 * overcommit.max(1.0)).min(u64::MAX as f64) as u64;
+        promisable.saturating_sub(self.disk_promised_bytes)
+    }
 }
 
 /// The raw numbers [`HostCapacity`] is made of.
@@ -92,10 +102,7 @@ impl HostFacts {
         let disk_reserve = (self.disk_total_bytes / 20).clamp(MIN_DISK_RESERVE, MAX_DISK_RESERVE);
         HostCapacity {
             sandbox_tasks: ceiling.saturating_sub(task_reserve),
-            sandbox_disk_bytes: self
-                .disk_available_bytes
-                .saturating_sub(disk_reserve)
-                .saturating_sub(self.images_unallocated_bytes),
+            disk_free_bytes: self.disk_available_bytes,
             disk_reserve_bytes: disk_reserve,
             disk_promised_bytes: self.images_unallocated_bytes,
         }
@@ -215,21 +222,25 @@ mod tests {
             disk_total_bytes: 60 * GIB,
             ..facts()
         };
-        assert_eq!(sixty.capacity().sandbox_disk_bytes, 37 * GIB);
+        assert_eq!(sixty.capacity().sandbox_disk_bytes(1.0), 37 * GIB);
         let promised = HostFacts {
             images_unallocated_bytes: 30 * GIB,
             ..sixty
         };
         let capacity = promised.capacity();
-        assert_eq!(capacity.sandbox_disk_bytes, 7 * GIB);
+        assert_eq!(capacity.sandbox_disk_bytes(1.0), 7 * GIB);
         assert_eq!(capacity.disk_reserve_bytes, 3 * GIB);
         assert_eq!(capacity.disk_promised_bytes, 30 * GIB);
+        // Overcommitted twice: 37 GiB above the reserve may be promised as 74, 30 of them taken.
+        assert_eq!(capacity.sandbox_disk_bytes(2.0), 44 * GIB);
+        // A ratio below 1 is read as 1: admission never promises less than is really there.
+        assert_eq!(capacity.sandbox_disk_bytes(0.5), 7 * GIB);
         let small = HostFacts {
             disk_total_bytes: 4 * GIB,
             disk_available_bytes: GIB / 2,
             ..facts()
         };
-        assert_eq!(small.capacity().sandbox_disk_bytes, 0, "1 GiB floor");
+        assert_eq!(small.capacity().sandbox_disk_bytes(1.0), 0, "1 GiB floor");
         // 5% of 252 GiB would be 12.6 GiB; the reserve stops at 4 GiB.
         let large = HostFacts {
             disk_total_bytes: 252 * GIB,
@@ -237,7 +248,7 @@ mod tests {
             ..facts()
         };
         assert_eq!(
-            large.capacity().sandbox_disk_bytes,
+            large.capacity().sandbox_disk_bytes(1.0),
             26 * GIB,
             "4 GiB ceiling"
         );

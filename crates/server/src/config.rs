@@ -185,6 +185,10 @@ pub struct Limits {
     /// Most sandboxes set up or torn down at once (create, restore, boot, destroy); the rest wait
     /// their turn. 0: two per CPU of the host.
     pub setup_concurrency: usize,
+    /// How many times over the state disk's space above the reserve may be promised to sandboxes'
+    /// writable layers (sparse images that grow as they are written). 1: every layer could fill at
+    /// once and the host's disk would still not run out.
+    pub disk_overcommit: f64,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -205,6 +209,7 @@ impl Default for Limits {
             max_timeout: Duration::from_secs(24 * 3600),
             volume_size_mib: 1024,
             setup_concurrency: 0,
+            disk_overcommit: 1.0,
         }
     }
 }

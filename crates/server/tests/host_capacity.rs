@@ -34,7 +34,7 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
     // Room for two sandboxes' task limits, and disk for many.
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
-        sandbox_disk_bytes: 10_000 * MIB,
+        disk_free_bytes: 10_000 * MIB,
         disk_reserve_bytes: 0,
         disk_promised_bytes: 0,
     };
@@ -55,7 +55,7 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
         .await;
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
-        sandbox_disk_bytes: 99 * MIB,
+        disk_free_bytes: (4096 + 1000 + 99) * MIB,
         disk_reserve_bytes: 4096 * MIB,
         disk_promised_bytes: 1000 * MIB,
     };
@@ -74,7 +74,7 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
     );
     *h.runtime.capacity.lock().unwrap() = HostCapacity {
         sandbox_tasks: 2500,
-        sandbox_disk_bytes: 100 * MIB,
+        disk_free_bytes: 100 * MIB,
         disk_reserve_bytes: 0,
         disk_promised_bytes: 0,
     };
@@ -85,4 +85,41 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
             .await;
     }
     h.server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_overcommitted_server_promises_the_disk_more_than_once() {
+    // The same host for both servers: 300 MiB above a 100 MiB reserve, 250 MiB of it promised to
+    // live sandboxes' layers; a 100 MiB layer fits only when the room may be promised twice over.
+    let host = HostCapacity {
+        sandbox_tasks: u64::MAX,
+        disk_free_bytes: 400 * MIB,
+        disk_reserve_bytes: 100 * MIB,
+        disk_promised_bytes: 250 * MIB,
+    };
+    for (overcommit, fits) in [(1.0, false), (2.0, true)] {
+        let h = Harness::start(false, |c| {
+            c.default_resources.disk_mib = 100;
+            c.limits.disk_overcommit = overcommit;
+        })
+        .await;
+        *h.runtime.capacity.lock().unwrap() = host;
+        let answer = h
+            .api(
+                Method::POST,
+                "/v2/sandboxes",
+                Some(json!({"templateID": "base"})),
+            )
+            .await;
+        if fits {
+            assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.json());
+            let id = answer.json()["sandboxID"].as_str().unwrap().to_string();
+            h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
+                .await;
+        } else {
+            assert_eq!(answer.status, StatusCode::INSUFFICIENT_STORAGE);
+            assert_eq!(h.runtime.live_ids().len(), 0, "nothing was started");
+        }
+        h.server.stop().await.unwrap();
+    }
 }

@@ -122,6 +122,9 @@ fn server_config(
     if let Some(mib) = args.sandbox_disk_mib {
         config.default_resources.disk_mib = mib;
     }
+    if let Some(ratio) = args.disk_overcommit {
+        config.limits.disk_overcommit = ratio;
+    }
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
     config.lazy_restore = !args.no_lazy_restore;

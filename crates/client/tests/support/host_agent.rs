@@ -115,7 +115,7 @@ impl Runtime for HostAgentRuntime {
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
         Ok(HostCapacity {
             sandbox_tasks: u64::MAX,
-            sandbox_disk_bytes: u64::MAX,
+            disk_free_bytes: u64::MAX,
             disk_reserve_bytes: 0,
             disk_promised_bytes: 0,
         })

@@ -134,7 +134,7 @@ pub fn admit(
         });
     }
     let available = capacity
-        .sandbox_disk_bytes
+        .sandbox_disk_bytes(limits.disk_overcommit)
         .saturating_sub(usage.pending_disk_mib.saturating_mul(MIB));
     if request.disk_mib.saturating_mul(MIB) > available {
         return Err(AdmissionError::Storage {
@@ -202,7 +202,7 @@ mod tests {
 
     const PLENTY: HostCapacity = HostCapacity {
         sandbox_tasks: u64::MAX,
-        sandbox_disk_bytes: u64::MAX,
+        disk_free_bytes: u64::MAX,
         disk_reserve_bytes: 0,
         disk_promised_bytes: 0,
     };
@@ -255,7 +255,7 @@ mod tests {
     #[test]
     fn disks_must_fit_the_free_space_left() {
         let capacity = HostCapacity {
-            sandbox_disk_bytes: 5 * 1024 * MIB,
+            disk_free_bytes: 5 * 1024 * MIB,
             ..PLENTY
         };
         assert_eq!(admit(&limits(), Usage::default(), SMALL, capacity), Ok(()));
@@ -280,6 +280,44 @@ mod tests {
             refused.to_string().contains("insufficient storage"),
             "{refused}"
         );
+    }
+
+    #[test]
+    fn an_overcommitted_disk_promises_more_than_it_has() {
+        // 4 GiB above a 1 GiB reserve, 3 GiB of it already promised to live sandboxes' layers.
+        let capacity = HostCapacity {
+            disk_free_bytes: 5 * 1024 * MIB,
+            disk_reserve_bytes: 1024 * MIB,
+            disk_promised_bytes: 3 * 1024 * MIB,
+            ..PLENTY
+        };
+        let refused = admit(&limits(), Usage::default(), SMALL, capacity).unwrap_err();
+        assert!(
+            matches!(
+                refused,
+                AdmissionError::Storage {
+                    available_mib: 1024,
+                    reserve_mib: 1024,
+                    promised_mib: 3072,
+                    ..
+                }
+            ),
+            "{refused:?}"
+        );
+        // Twice over: 8 GiB may be promised, 5 GiB with this one.
+        let overcommitted = Limits {
+            disk_overcommit: 2.0,
+            ..limits()
+        };
+        assert_eq!(
+            admit(&overcommitted, Usage::default(), SMALL, capacity),
+            Ok(())
+        );
+        let pending = Usage {
+            pending_disk_mib: 4096,
+            ..Usage::default()
+        };
+        assert!(admit(&overcommitted, pending, SMALL, capacity).is_err());
     }
 
     #[test]

@@ -75,7 +75,7 @@ impl FakeRuntime {
             fail_restore: AtomicBool::new(false),
             capacity: Mutex::new(HostCapacity {
                 sandbox_tasks: u64::MAX,
-                sandbox_disk_bytes: u64::MAX,
+                disk_free_bytes: u64::MAX,
                 disk_reserve_bytes: 0,
                 disk_promised_bytes: 0,
             }),
