@@ -8,6 +8,9 @@
 //!   A sandbox whose init lives is brought back up: nothing of the dead server still dumps it.
 //! - a sandbox directory without a state record: a create or restore the server did not finish. Its
 //!   supervisor may still be setting it up; it is killed and the sandbox reclaimed.
+//! - the helpers of a restore (`criu restore`, the `criu lazy-pages` daemon and the page server):
+//!   children of the supervisor, they outlive it when it is killed. They are found by the sandbox's
+//!   restore directory in their arguments ([`restore_helpers_of`]) and killed once its tree is dead.
 //!
 //! Processes are told apart by their command line, read from `/proc` (their own, as the kernel
 //! keeps it; a sandbox cannot write it for a host process).
@@ -75,6 +78,27 @@ pub(crate) fn is_supervisor_of(args: &[&[u8]], sandbox_dir: &Path) -> bool {
     let waiting = args.get(1) == Some(&&b"wait"[..])
         && args.get(3) == Some(&sandbox_dir.as_os_str().as_encoded_bytes());
     is_supervisor && (building || waiting)
+}
+
+/// Whether `args` is a helper of a restore into `sandbox_dir`: CRIU (`criu restore`, `criu
+/// lazy-pages`) or the page server (`<supervisor> serve-pages <checkpoint> <images> ...`), each
+/// naming a path under the sandbox's restore work directory.
+pub(crate) fn is_restore_helper_of(args: &[&[u8]], sandbox_dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let work = sandbox_dir.join("restore");
+    let criu = args.first().is_some_and(|a| a.ends_with(b"criu"));
+    let page_server = args.get(1) == Some(&&b"serve-pages"[..]);
+    (criu || page_server)
+        && args
+            .iter()
+            .skip(1)
+            .any(|a| Path::new(std::ffi::OsStr::from_bytes(a)).starts_with(&work))
+}
+
+/// Helpers of a restore into the sandbox in `sandbox_dir` still running (see
+/// [`is_restore_helper_of`]).
+pub fn restore_helpers_of(sandbox_dir: &Path) -> Vec<u32> {
+    processes_where(|args| is_restore_helper_of(args, sandbox_dir))
 }
 
 /// Whether process `pid` is a supervisor of the sandbox in `sandbox_dir` (of our PID namespace).
@@ -176,6 +200,40 @@ mod tests {
             nix::unistd::Pid::from_raw(inner as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
+    }
+
+    #[test]
+    fn restore_helpers_are_recognised_by_the_sandboxes_restore_directory() {
+        let dir = Path::new("/state/sandboxes/abc");
+        let daemon = words(
+            "/usr/local/sbin/criu lazy-pages --images-dir /state/sandboxes/abc/restore/images \
+             --work-dir /state/sandboxes/abc/restore/lazy --page-server --ps-socket 3",
+        );
+        let server = words(
+            "/proc/self/exe serve-pages /state/snapshots/abc /state/sandboxes/abc/restore/images 3 6",
+        );
+        let restore =
+            words("/usr/local/sbin/criu restore --images-dir /state/sandboxes/abc/restore/images");
+        for helper in [&daemon, &server, &restore] {
+            assert!(is_restore_helper_of(helper, dir), "{helper:?}");
+        }
+        // Another sandbox whose ID starts the same, a dump, and programs that merely name the path.
+        assert!(!is_restore_helper_of(
+            &daemon,
+            Path::new("/state/sandboxes/ab")
+        ));
+        assert!(!is_restore_helper_of(
+            &words("/usr/local/sbin/criu dump --tree 7 --images-dir /state/snapshots/abc"),
+            dir
+        ));
+        assert!(!is_restore_helper_of(
+            &words("/bin/cat /state/sandboxes/abc/restore/restore.log"),
+            dir
+        ));
+        assert!(!is_restore_helper_of(
+            &words("/proc/self/exe serve-pages /state/snapshots/abc /elsewhere 3 6"),
+            dir
+        ));
     }
 
     #[test]

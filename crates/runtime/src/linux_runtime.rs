@@ -552,6 +552,18 @@ impl LinuxRuntime {
         if let Some(record) = &record {
             wait_supervisor_exit(record.supervisor_pid);
         }
+        // A restore that never finished (no record) or whose memory was still arriving can have
+        // left its helpers running: children of a supervisor that may be gone, outside the
+        // sandbox's cgroup. Its tree is dead now, so no thread can fault on a page they hold.
+        if record.is_none() || dir.join(crate::supervisor::PAGES_PENDING_FILE).exists() {
+            let killed = crash_recovery::wait_then_kill(
+                || crash_recovery::restore_helpers_of(&dir),
+                Duration::ZERO,
+            );
+            if killed > 0 {
+                tracing::warn!(sandbox = %id, killed, "killed the helpers of an unfinished restore");
+            }
+        }
         let leases = self.addresses.leases_of(id);
         // The bindings go first (nothing of the sandbox runs any more), before the address is
         // released: a later holder's binding must not be the one a late withdrawal deletes.

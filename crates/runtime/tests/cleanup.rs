@@ -53,3 +53,79 @@ fn thousand_create_destroy_cycles_leave_nothing() {
     assert!(runtime.list().unwrap().is_empty());
     let _ = std::fs::remove_dir_all(&state_dir);
 }
+
+/// A restore the server gave up on (no state record yet) can leave its helpers running after their
+/// supervisor is gone: `criu lazy-pages` and the page server, outside the sandbox's cgroup. Tearing
+/// the sandbox down ends them too. The helper here is a stand-in that names the sandbox's restore
+/// directory as CRIU does (`tail -f` under the name `criu`, which runs until it is killed).
+#[test]
+fn destroying_an_unfinished_restore_kills_the_helpers_it_left() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: the runtime needs root");
+        return;
+    }
+    let runtime = common::runtime("helpers");
+    let state_dir = runtime.config().state_dir.clone();
+    let id = "wt-helpers";
+    let images = state_dir
+        .join("sandboxes")
+        .join(id)
+        .join("restore")
+        .join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    std::fs::write(images.join("pages-1.img"), b"").unwrap();
+    let bin = state_dir.join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink("/usr/bin/tail", bin.join("criu")).unwrap();
+    let mut helper = std::process::Command::new(bin.join("criu"))
+        .arg("-f")
+        .arg(images.join("pages-1.img"))
+        .spawn()
+        .unwrap();
+    // An unrelated process naming the same file is left alone.
+    let mut bystander = std::process::Command::new("/usr/bin/tail")
+        .arg("-f")
+        .arg(images.join("pages-1.img"))
+        .spawn()
+        .unwrap();
+    // Both have the file open before the sandbox goes (a `tail` that starts after the directory
+    // is removed exits by itself, which would prove nothing).
+    let file = images.join("pages-1.img");
+    for pid in [helper.id(), bystander.id()] {
+        let opened = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .unwrap()
+            .flatten()
+            .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|target| target == file))
+        {
+            assert!(
+                std::time::Instant::now() < opened,
+                "tail never opened {file:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+    }
+    runtime.destroy(id).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = helper.try_wait().unwrap() {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            break None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let _ = helper.kill();
+    let _ = helper.wait();
+    let alive = bystander.try_wait().unwrap().is_none();
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+    let _ = std::fs::remove_dir_all(&state_dir);
+    let status = status.expect("the restore's helper still runs after the sandbox was destroyed");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL)
+    );
+    assert!(alive, "a process that is not a restore helper was killed");
+}
