@@ -13,7 +13,8 @@ use warren_runtime::HostCapacity;
 
 const MIB: u64 = 1024 * 1024;
 
-async fn refused_create(h: &Harness) -> (StatusCode, serde_json::Value) {
+/// Creates a `base` sandbox through the API: the answer's status and body.
+async fn create_base(h: &Harness) -> (StatusCode, serde_json::Value) {
     let answer = h
         .api(
             Method::POST,
@@ -40,7 +41,7 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
     };
     let first = h.create(json!({"templateID": "base"})).await;
     let second = h.create(json!({"templateID": "base"})).await;
-    let (status, body) = refused_create(&h).await;
+    let (status, body) = create_base(&h).await;
     assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
     let message = body["message"].as_str().unwrap();
     assert!(
@@ -59,7 +60,7 @@ async fn tasks_beyond_the_host_ceiling_get_429_and_disk_beyond_free_space_507() 
         disk_reserve_bytes: 4096 * MIB,
         disk_promised_bytes: 1000 * MIB,
     };
-    let (status, body) = refused_create(&h).await;
+    let (status, body) = create_base(&h).await;
     assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
     assert_eq!(body["code"], json!(507));
     let message = body["message"].as_str().unwrap();
@@ -104,20 +105,14 @@ async fn an_overcommitted_server_promises_the_disk_more_than_once() {
         })
         .await;
         *h.runtime.capacity.lock().unwrap() = host;
-        let answer = h
-            .api(
-                Method::POST,
-                "/v2/sandboxes",
-                Some(json!({"templateID": "base"})),
-            )
-            .await;
+        let (status, body) = create_base(&h).await;
         if fits {
-            assert_eq!(answer.status, StatusCode::CREATED, "{:?}", answer.json());
-            let id = answer.json()["sandboxID"].as_str().unwrap().to_string();
+            assert_eq!(status, StatusCode::CREATED, "{body}");
+            let id = body["sandboxID"].as_str().unwrap();
             h.api(Method::DELETE, &format!("/sandboxes/{id}"), None)
                 .await;
         } else {
-            assert_eq!(answer.status, StatusCode::INSUFFICIENT_STORAGE);
+            assert_eq!(status, StatusCode::INSUFFICIENT_STORAGE, "{body}");
             assert_eq!(h.runtime.live_ids().len(), 0, "nothing was started");
         }
         h.server.stop().await.unwrap();
