@@ -16,6 +16,7 @@ use crate::network::egress_proxy::{EgressProxy, EgressProxyConfig};
 use crate::network::netlink::{self, Netlink};
 use crate::network::{self, firewall, NetworkPlan};
 use crate::process_table::{self, CPU_SAMPLE_WINDOW};
+use crate::rootfs::layer_disk::SeedError;
 use crate::rootfs::{commit, sandbox_mounts, LayerDisk};
 use crate::sandbox_state::{now_unix_ms, SandboxRecord};
 use crate::supervisor::{self, RestorePlan, SupervisorConfig};
@@ -229,6 +230,47 @@ impl LinuxRuntime {
         self.allocate_ip(&spec.id)
     }
 
+    /// Makes the sandbox's writable layer: empty, or holding the layer saved in a checkpoint. A
+    /// checkpoint started under another ID (a template's, a fork's, a snapshot's) is usually
+    /// started many times: its layer is unpacked once into a seeded image that each such sandbox
+    /// copies. A resume, the only start of its checkpoint, unpacks into its own disk.
+    fn create_layer(
+        &self,
+        spec: &SandboxSpec,
+        disk: &LayerDisk,
+        saved: Option<&(&Path, Manifest)>,
+    ) -> Result<(), RuntimeError> {
+        let images = self.config.state_dir.join("images");
+        let failed = || format!("create the writable layer of sandbox {}", spec.id);
+        match saved {
+            Some((checkpoint, manifest)) if manifest.sandbox_id != spec.id => {
+                let extract = |upper: &Path| {
+                    checkpoint::store::extract_layer(checkpoint, &manifest.layer, upper)
+                };
+                disk.create_seeded(
+                    spec.resources.disk_mib,
+                    &images,
+                    &self.config.state_dir.join("cache").join("layers"),
+                    &manifest.layer.sha256,
+                    extract,
+                )
+                .map_err(|error| match error {
+                    SeedError::Disk(error) => internal(failed())(error),
+                    SeedError::Fill(error) => checkpoint_error(error),
+                })
+            }
+            Some((checkpoint, manifest)) => {
+                disk.create(spec.resources.disk_mib, &images)
+                    .map_err(internal(failed()))?;
+                checkpoint::store::extract_layer(checkpoint, &manifest.layer, &disk.upper())
+                    .map_err(checkpoint_error)
+            }
+            None => disk
+                .create(spec.resources.disk_mib, &images)
+                .map_err(internal(failed())),
+        }
+    }
+
     /// Builds sandbox `spec.id` in `dir`: a fresh one, or (with `restore`) one whose layer and
     /// processes come from a checkpoint.
     fn create_inner(
@@ -265,18 +307,18 @@ impl LinuxRuntime {
         self.cap_sandbox_tasks();
         let cgroups_done = started.elapsed();
         let disk = LayerDisk::at(dir);
-        disk.create(
-            spec.resources.disk_mib,
-            &self.config.state_dir.join("images"),
-        )
-        .map_err(internal(format!(
-            "create the writable layer of sandbox {}",
-            spec.id
-        )))?;
+        let saved_layer = match start {
+            Start::Restore(checkpoint, manifest) => Some((checkpoint, manifest.clone())),
+            Start::FromDisk(checkpoint) => Some((
+                checkpoint,
+                Manifest::read(checkpoint).map_err(checkpoint_error)?,
+            )),
+            Start::Fresh => None,
+        };
+        self.create_layer(spec, &disk, saved_layer.as_ref())?;
         let mut restore_plan = None;
         match restore {
             Some((checkpoint, manifest)) => {
-                checkpoint::prepare_layer(checkpoint, &disk.upper()).map_err(checkpoint_error)?;
                 if manifest.sandbox_id != spec.id || manifest.ip != ip {
                     // A copy under a new name or address: its /etc/hostname and /etc/hosts follow.
                     disk.seed(&spec.id, ip)
@@ -299,14 +341,9 @@ impl LinuxRuntime {
                     lazy: self.config.lazy_restore,
                 });
             }
-            None => {
-                if let Start::FromDisk(checkpoint) = start {
-                    checkpoint::prepare_layer(checkpoint, &disk.upper())
-                        .map_err(checkpoint_error)?;
-                }
-                disk.seed(&spec.id, ip)
-                    .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?
-            }
+            None => disk
+                .seed(&spec.id, ip)
+                .map_err(internal(format!("seed the layer of sandbox {}", spec.id)))?,
         }
         let rootfs = dir.join("rootfs");
         std::fs::create_dir(&rootfs).map_err(io_error(format!("create {}", rootfs.display())))?;

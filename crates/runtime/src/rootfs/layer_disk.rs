@@ -44,7 +44,25 @@ pub enum LayerDiskError {
     },
     #[error("seed the writable layer")]
     Confined(#[from] ConfinedError),
+    #[error("prepare the seeded image {path}: {message}")]
+    Seeding { path: PathBuf, message: String },
 }
+
+/// Why [`LayerDisk::create_seeded`] failed: the disk, or the caller's filling of the seed.
+#[derive(Debug)]
+pub enum SeedError<E> {
+    Disk(LayerDiskError),
+    Fill(E),
+}
+
+impl<E> From<LayerDiskError> for SeedError<E> {
+    fn from(error: LayerDiskError) -> Self {
+        Self::Disk(error)
+    }
+}
+
+/// The seeded images are trimmed, least recently used first, to this many allocated bytes.
+pub const SEED_CACHE_BYTES: u64 = 2 << 30;
 
 /// Paths of one sandbox's writable layer.
 #[derive(Debug, Clone)]
@@ -81,6 +99,37 @@ impl LayerDisk {
                 source,
             })?;
         }
+        Ok(())
+    }
+
+    /// Creates the image as a sparse copy of a seeded one: an image of `size_mib` whose `upper/`
+    /// `fill` filled once, kept in `seeds` under `key` (what the contents depend on, e.g. a layer
+    /// archive's checksum). Many sandboxes started from one checkpoint (a template's, a fork's) then
+    /// each copy the allocated blocks of one image instead of unpacking the layer again. The seed is
+    /// made in a mount namespace of its own, so a crash mid-fill leaves no mount or loop device on
+    /// the host; concurrent first users wait for one filler.
+    pub fn create_seeded<E>(
+        &self,
+        size_mib: u64,
+        image_cache: &Path,
+        seeds: &Path,
+        key: &str,
+        fill: impl Fn(&Path) -> Result<(), E> + Sync,
+    ) -> Result<(), SeedError<E>>
+    where
+        E: Send,
+    {
+        // Trimmed by another create between our finding it and opening it: made again, once.
+        for last in [false, true] {
+            let seed = seeded_image(image_cache, seeds, size_mib, key, &fill)?;
+            match sparse_copy(&seed, &self.image) {
+                Ok(()) => break,
+                Err(LayerDiskError::Image { path, source })
+                    if !last && path == seed && source.kind() == std::io::ErrorKind::NotFound => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        self.mount()?;
         Ok(())
     }
 
@@ -235,6 +284,173 @@ fn pristine_image(cache: &Path, size_mib: u64) -> Result<PathBuf, LayerDiskError
     Ok(path)
 }
 
+/// The image `seeds/<key>-<size>m.img`, made on first use: a copy of the pristine image of that size
+/// with `upper/` filled by `fill` and an empty `work/`.
+fn seeded_image<E: Send>(
+    image_cache: &Path,
+    seeds: &Path,
+    size_mib: u64,
+    key: &str,
+    fill: &(impl Fn(&Path) -> Result<(), E> + Sync),
+) -> Result<PathBuf, SeedError<E>> {
+    if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+        return Err(SeedError::Disk(LayerDiskError::Seeding {
+            path: seeds.to_path_buf(),
+            message: format!("{key:?} is not a cache key"),
+        }));
+    }
+    let name = format!("{key}-{size_mib}m");
+    let path = seeds.join(format!("{name}.img"));
+    let image_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| LayerDiskError::Image { path, source }
+    };
+    if mark_used(&path) {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(seeds).map_err(image_err(seeds))?;
+    let lock_path = seeds.join(format!(".{name}.lock"));
+    let lock = std::fs::File::create(&lock_path).map_err(image_err(&lock_path))?;
+    // SAFETY: flock on a file we own; released when `lock` is closed.
+    if unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) } != 0 {
+        return Err(image_err(&lock_path)(std::io::Error::last_os_error()).into());
+    }
+    // Whoever held the lock before us may have made it.
+    if mark_used(&path) {
+        return Ok(path);
+    }
+    let pristine = pristine_image(image_cache, size_mib)?;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let temp = seeds.join(format!(".seed-{}-{nanos}.img", std::process::id()));
+    let mount_point = seeds.join(format!(".seed-{}-{nanos}.mnt", std::process::id()));
+    let made = (|| {
+        sparse_copy(&pristine, &temp)?;
+        std::fs::create_dir(&mount_point).map_err(image_err(&mount_point))?;
+        let filled = fill_privately(&temp, &mount_point, fill);
+        let _ = std::fs::remove_dir(&mount_point);
+        filled?;
+        if !loop_device::wait_detached(&temp, std::time::Duration::from_secs(5)) {
+            return Err(SeedError::Disk(LayerDiskError::Seeding {
+                path: temp.clone(),
+                message: "its loop device is still attached 5 s after the unmount".into(),
+            }));
+        }
+        std::fs::rename(&temp, &path).map_err(image_err(&path))?;
+        Ok(())
+    })();
+    if let Err(error) = made {
+        let _ = std::fs::remove_file(&temp);
+        return Err(error);
+    }
+    drop(lock);
+    trim_seeds(seeds, SEED_CACHE_BYTES);
+    Ok(path)
+}
+
+/// Whether `path` exists; if so its modification time becomes now (the trimming order).
+fn mark_used(path: &Path) -> bool {
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Ok(file) => {
+            let _ = file.set_modified(std::time::SystemTime::now());
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Mounts `image` at `mount_point` in a new mount namespace of a thread of its own, makes `upper/`
+/// and `work/` and runs `fill` on `upper/` (a process it starts runs in that namespace too). The
+/// mount is the namespace's alone: it goes away with the thread, even if `fill` panics, and the loop
+/// device (autoclear) with it.
+fn fill_privately<E: Send>(
+    image: &Path,
+    mount_point: &Path,
+    fill: &(impl Fn(&Path) -> Result<(), E> + Sync),
+) -> Result<(), SeedError<E>> {
+    let seeding = |message: String| {
+        SeedError::Disk(LayerDiskError::Seeding {
+            path: image.to_path_buf(),
+            message,
+        })
+    };
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+                    .map_err(|e| seeding(format!("new mount namespace: {e}")))?;
+                // Nothing mounted here may show up in the host's namespace.
+                mount(
+                    None::<&str>,
+                    "/",
+                    None::<&str>,
+                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+                    None::<&str>,
+                )
+                .map_err(|e| seeding(format!("make the mount namespace private: {e}")))?;
+                let disk = LayerDisk {
+                    image: image.to_path_buf(),
+                    mount_point: mount_point.to_path_buf(),
+                };
+                disk.mount()?;
+                let filled = (|| {
+                    for dir in [disk.upper(), disk.work()] {
+                        std::fs::create_dir(&dir)
+                            .map_err(|source| LayerDiskError::Seed { path: dir, source })?;
+                    }
+                    fill(&disk.upper()).map_err(SeedError::Fill)
+                })();
+                umount2(mount_point, MntFlags::empty())
+                    .map_err(|e| seeding(format!("unmount: {e}")))?;
+                filled
+            })
+            .join()
+            .unwrap_or_else(|_| Err(seeding("the filling thread panicked".into())))
+    })
+}
+
+/// Removes the least recently used seeded images until their allocated bytes are at most
+/// `max_bytes`, and the leftovers of fills whose process is gone.
+fn trim_seeds(seeds: &Path, max_bytes: u64) {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(dir) = std::fs::read_dir(seeds) else {
+        return;
+    };
+    let mut images = Vec::new();
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let path = entry.path();
+        if let Some(rest) = name.strip_prefix(".seed-") {
+            let pid = rest.split('-').next().and_then(|p| p.parse::<i32>().ok());
+            let alive = pid.is_some_and(|pid| {
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok()
+            });
+            if !alive {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_dir(&path);
+            }
+            continue;
+        }
+        if name.ends_with(".img") && !name.starts_with('.') {
+            if let Ok(meta) = entry.metadata() {
+                images.push((meta.modified().ok(), meta.blocks() * 512, path));
+            }
+        }
+    }
+    let mut total: u64 = images.iter().map(|(_, bytes, _)| bytes).sum();
+    images.sort();
+    for (_, bytes, path) in images {
+        if total <= max_bytes {
+            break;
+        }
+        if std::fs::remove_file(&path).is_ok() {
+            total = total.saturating_sub(bytes);
+        }
+    }
+}
+
 /// Copies only the data extents of `from` into a new file `to` of the same length (holes stay holes).
 fn sparse_copy(from: &Path, to: &Path) -> Result<(), LayerDiskError> {
     use nix::unistd::{lseek, Whence};
@@ -294,4 +510,74 @@ pub fn is_mount_point(path: &Path) -> bool {
     let wanted = path.to_string_lossy();
     info.lines()
         .any(|line| line.split(' ').nth(4) == Some(&wanted))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, SystemTime};
+
+    fn temp(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("wt-seeds-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn image(path: &Path, used_secs_ago: u64) {
+        std::fs::write(path, vec![1u8; 1 << 20]).unwrap();
+        let file = std::fs::File::options().write(true).open(path).unwrap();
+        file.set_modified(SystemTime::now() - Duration::from_secs(used_secs_ago))
+            .unwrap();
+    }
+
+    #[test]
+    fn trimming_drops_the_least_recently_used_seeds_and_dead_fills() {
+        let dir = temp("trim");
+        image(&dir.join("old-64m.img"), 300);
+        image(&dir.join("mid-64m.img"), 200);
+        image(&dir.join("new-64m.img"), 100);
+        // No process has this PID (above any pid_max); ours is alive.
+        let dead = dir.join(".seed-2147483647-1.img");
+        let ours = dir.join(format!(".seed-{}-2.img", std::process::id()));
+        std::fs::write(&dead, b"x").unwrap();
+        std::fs::write(&ours, b"x").unwrap();
+        std::fs::create_dir(dir.join(".seed-2147483647-1.mnt")).unwrap();
+
+        trim_seeds(&dir, (5 << 20) / 2);
+        let mut left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        let mut expected = vec![
+            format!(".seed-{}-2.img", std::process::id()),
+            "mid-64m.img".to_string(),
+            "new-64m.img".to_string(),
+        ];
+        expected.sort();
+        assert_eq!(left, expected);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_key_that_could_name_another_path_is_refused_before_any_fill() {
+        let dir = temp("key");
+        let filled = std::sync::atomic::AtomicBool::new(false);
+        let fill = |_: &Path| {
+            filled.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok::<(), String>(())
+        };
+        for key in ["", "../x", "a/b", "a b"] {
+            let result = seeded_image(&dir.join("images"), &dir, 64, key, &fill);
+            assert!(
+                matches!(result, Err(SeedError::Disk(LayerDiskError::Seeding { .. }))),
+                "{key:?}"
+            );
+        }
+        assert!(!filled.into_inner(), "a refused key was filled");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
