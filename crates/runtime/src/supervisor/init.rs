@@ -74,17 +74,6 @@ fn prepare(config: &SupervisorConfig, go: OwnedFd) -> Result<Never, String> {
     super::run::phase("init rootfs ready");
     redirect_stdio()?;
 
-    // The set-up ran at the lower priority of the server's set-up threads (inherited); the
-    // sandbox's own processes start at the default one. Lowering the niceness needs
-    // CAP_SYS_NICE, so this comes before the capabilities go.
-    // SAFETY: setpriority of this single-threaded process.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, 0) } != 0 {
-        return Err(format!(
-            "reset the init's priority: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-
     let filters =
         seccomp::sandbox_filters(config.syscalls).map_err(|e| super::run::error_chain(&e))?;
     if config.no_new_privs {

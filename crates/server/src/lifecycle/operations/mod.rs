@@ -159,37 +159,6 @@ fn runtime_error(action: &'static str, id: &str) -> impl FnOnce(RuntimeError) ->
 
 /// A random sandbox ID: 20 lower-case letters and digits, starting with a letter (a DNS label that
 /// contains no `-`, so `<port>-<id>` splits cleanly).
-/// The niceness of the threads that set sandboxes up and tear them down (and, until a sandbox's
-/// init resets its own, of the processes they start). The CPU a create or a kill spends is most of
-/// what a busy host's run queue holds; at nice 0 each such thread weighed as much as all the
-/// running sandboxes together (the cgroup that holds them is one entity beside the server's
-/// threads), so a command in a running sandbox waited behind the creates. At 10 they get about a
-/// tenth of a contended CPU each and all of an idle one: creates finish as fast when nothing else
-/// needs the CPU, and running sandboxes come first when something does.
-pub(crate) const SETUP_NICE: i32 = 10;
-
-/// Runs `call` on a thread of its own at [`SETUP_NICE`]; the thread ends with the call, so no
-/// pooled thread keeps the lower priority. A panic is an error.
-pub(crate) async fn on_setup_thread<T, F>(call: F) -> Result<T, RuntimeError>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T, RuntimeError> + Send + 'static,
-{
-    let (done, result) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("warren-setup".into())
-        .spawn(move || {
-            // SAFETY: setpriority with who = 0 names the calling thread (Linux keeps niceness per
-            // thread); raising it only lowers this thread's priority. A failure leaves it as it was.
-            unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, SETUP_NICE) };
-            let _ = done.send(call());
-        })
-        .map_err(|e| RuntimeError::failed(format!("start a set-up thread: {e}")))?;
-    result
-        .await
-        .unwrap_or_else(|_| Err(RuntimeError::failed("runtime call panicked".to_string())))
-}
-
 pub(crate) fn new_sandbox_id() -> String {
     let mut rng = rand::rng();
     let first = rng.random_range(b'a'..=b'z') as char;
@@ -462,8 +431,7 @@ impl Lifecycle {
             .acquire()
             .await
             .map_err(|closed| RuntimeError::failed(format!("setup slots closed: {closed}")))?;
-        let runtime = Arc::clone(&self.runtime);
-        on_setup_thread(move || call(runtime.as_ref())).await
+        self.on_runtime(call).await
     }
 
     pub(crate) fn lock_for(&self, id: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -638,36 +606,5 @@ pub(crate) async fn remove_snapshot(dir: &std::path::Path) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => tracing::warn!(dir = %dir.display(), %error, "cannot remove snapshot"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn niceness() -> i32 {
-        // SAFETY: getpriority of the calling thread; -1 is also a valid niceness, and the tests
-        // run far from it.
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
-    }
-
-    #[tokio::test]
-    async fn set_up_calls_run_at_a_lower_priority_on_a_thread_of_their_own() {
-        let caller = (niceness(), std::thread::current().id());
-        let (nice, thread) = on_setup_thread(|| Ok((niceness(), std::thread::current().id())))
-            .await
-            .unwrap();
-        assert!(nice >= SETUP_NICE, "the set-up thread ran at nice {nice}");
-        assert_ne!(thread, caller.1);
-        assert_eq!(
-            niceness(),
-            caller.0,
-            "the caller's thread kept its priority"
-        );
-
-        let panicked = on_setup_thread(|| -> Result<(), RuntimeError> { panic!("set-up bug") })
-            .await
-            .unwrap_err();
-        assert!(panicked.to_string().contains("panicked"), "{panicked}");
     }
 }
