@@ -391,3 +391,83 @@ fn a_format_1_checkpoint_still_restores() {
     assert_eq!(holder_check(&resumed), "ok");
     runtime.destroy(id).expect("destroy");
 }
+
+/// A checkpoint with fewer pages than `LAZY_MIN_BYTES` is restored eagerly even with lazy restore
+/// on; a copy under a new ID (template start, fork) goes through the image cache, which keeps the
+/// pages expanded, so the next copy neither decompresses nor checks a chunk again.
+#[test]
+fn a_small_checkpoint_is_copied_eagerly_through_the_image_cache() {
+    let Some(base) = common::base_rootfs() else {
+        return;
+    };
+    let runtime = runtime("lazy-small", true);
+    if !lazy_possible(&runtime) {
+        return;
+    }
+    let ids = ["wt-lazy-small", "wt-lazy-small-a", "wt-lazy-small-b"];
+    let _cleanup = Cleanup(&runtime, ids.to_vec());
+    let spec = common::spec(ids[0], vec![base.clone()], resources(256));
+    let sandbox = runtime.create(&spec).expect("create");
+    start_holder(&sandbox, 4);
+    let dir = runtime.config().state_dir.join("snapshots").join("small");
+    runtime.checkpoint(ids[0], &dir, true).expect("checkpoint");
+    let manifest = Manifest::read(&dir).unwrap();
+    let pages: Vec<_> = manifest
+        .images
+        .iter()
+        .filter(|f| f.chunks.is_some())
+        .collect();
+    let page_bytes: u64 = pages.iter().map(|f| f.raw_bytes).sum();
+    assert!(
+        !pages.is_empty() && page_bytes < warren_runtime::checkpoint::lazy_pages::LAZY_MIN_BYTES,
+        "{page_bytes} bytes of pages"
+    );
+
+    let copy_spec = common::spec(ids[1], vec![base.clone()], resources(256));
+    let copy = runtime.restore(&dir, &copy_spec).expect("restore a copy");
+    assert!(
+        !pages_pending(&runtime.config().state_dir.join("sandboxes").join(ids[1])),
+        "a small checkpoint was restored lazily"
+    );
+    assert_eq!(holder_check(&copy), "ok");
+
+    // One cache entry, its page files the checkpoint's pages expanded.
+    let cache = runtime.config().state_dir.join("cache").join("images");
+    let entries: Vec<PathBuf> = std::fs::read_dir(&cache)
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .map(|e| e.path())
+        .collect();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    for file in &pages {
+        let expected = std::env::temp_dir().join(format!("wt-lazy-small-{}", file.name));
+        let raw = std::fs::File::create(&expected).unwrap();
+        raw.set_len(file.raw_bytes).unwrap();
+        warren_runtime::checkpoint::page_chunks::ChunkedPages::open(
+            &dir.join(&file.path),
+            &file.name,
+            file.raw_bytes,
+            file.chunks.as_ref().unwrap(),
+        )
+        .unwrap()
+        .expand_all(&raw, 2)
+        .unwrap();
+        let cached = std::fs::read(entries[0].join(&file.name)).unwrap();
+        assert!(
+            cached == std::fs::read(&expected).unwrap(),
+            "the cached {} is not the expanded pages",
+            file.name
+        );
+        let _ = std::fs::remove_file(&expected);
+    }
+
+    let second = common::spec(ids[2], vec![base], resources(256));
+    let copy_b = runtime
+        .restore(&dir, &second)
+        .expect("restore from the cache");
+    assert_eq!(holder_check(&copy_b), "ok");
+    for id in ids {
+        runtime.destroy(id).expect("destroy");
+    }
+}

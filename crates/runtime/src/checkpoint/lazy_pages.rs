@@ -111,6 +111,26 @@ pub fn servable(manifest: &Manifest) -> bool {
     manifest.images.iter().any(|f| f.chunks.is_some())
 }
 
+/// Below this much memory a checkpoint is restored eagerly. A lazy restore has a fixed cost (the
+/// daemon and the page server start and shake hands: about 20 ms of a 90 ms template start here)
+/// that pays only when it spares CRIU reading enough pages first: an eager start of a running-state
+/// template with 9 MiB of pages took 71 ms p50 against 92 ms lazily (`benches/run.py --only create`,
+/// same binary, `--no-lazy-restore`), while at 100 MiB lazy wins by hundreds of milliseconds
+/// (docs/performance.md). An eager restore costs about 1.5 to 2 ms more per MiB of pages on this
+/// host, a lazy one nearly the same at any size: the two meet near 20 MiB.
+pub const LAZY_MIN_BYTES: u64 = 24 << 20;
+
+/// Whether restoring `manifest` lazily is possible ([`servable`]) and worth it ([`LAZY_MIN_BYTES`]).
+pub fn worth_serving(manifest: &Manifest) -> bool {
+    let pages: u64 = manifest
+        .images
+        .iter()
+        .filter(|f| f.chunks.is_some())
+        .map(|f| f.raw_bytes)
+        .sum();
+    servable(manifest) && pages >= LAZY_MIN_BYTES
+}
+
 fn pages_of(manifest: &Manifest) -> HashMap<u32, &StoredFile> {
     manifest
         .images

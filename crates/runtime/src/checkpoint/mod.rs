@@ -328,16 +328,16 @@ impl Checkpointer {
         let started = Instant::now();
         let images = target.work_dir.join(store::IMAGES_DIR);
         remove_if_present(&images)?;
-        let servable = lazy_pages::servable(manifest);
+        let lazy = target.page_server.is_some() && lazy_pages::worth_serving(manifest);
         match target.image_cache {
-            // Raw page images are linked, not copied: nothing to cache.
-            Some(cache) if !servable => {
+            // A lazy restore reads the checkpoint's own page files: nothing to cache.
+            Some(cache) if !lazy => {
                 store::unpack_images_cached(checkpoint, &manifest.images, &images, cache)?
             }
             _ => store::unpack_images(checkpoint, &manifest.images, &images)?,
         }
         let mut transfer = match target.page_server {
-            Some(binary) if servable => {
+            Some(binary) if lazy => {
                 lazy_pages::expand_eager_pages(checkpoint, manifest, &images)?;
                 let mut server = std::process::Command::new(binary);
                 server.arg("serve-pages");
@@ -349,6 +349,8 @@ impl Checkpointer {
                     target.work_dir,
                 )?)
             }
+            // The cached unpack has expanded the pages already.
+            _ if target.image_cache.is_some() => None,
             _ => {
                 store::expand_chunked(checkpoint, &manifest.images, &images)?;
                 None

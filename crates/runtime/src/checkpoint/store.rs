@@ -441,8 +441,8 @@ const CACHE_COMPLETE: &str = ".complete";
 /// The unpacked-images cache is trimmed, oldest-used entries first, to this many bytes.
 pub const IMAGE_CACHE_BYTES: u64 = 4 << 30;
 
-/// Like [`unpack_images`], through `cache`: a directory of image sets that were verified and
-/// unpacked once, keyed by the manifest's checksums. A hit hard-links the cached files into `scratch`
+/// Like [`unpack_images`] then [`expand_chunked`], through `cache`: a directory of image sets that
+/// were verified and unpacked (page chunks expanded) once, keyed by the manifest's checksums. A hit hard-links the cached files into `scratch`
 /// (no decompression, no hashing); a miss unpacks as usual and then keeps the result. Meant for
 /// checkpoints that are restored many times (templates, fork sources); CRIU only reads its images,
 /// so the cached files are never written to through the links. Any cache trouble falls back to the
@@ -463,6 +463,7 @@ pub fn unpack_images_cached(
     }
     let _ = std::fs::remove_dir_all(scratch);
     unpack_images(checkpoint, files, scratch)?;
+    expand_chunked(checkpoint, files, scratch)?;
     let temp = cache.join(format!(
         ".fill-{}-{:?}",
         std::process::id(),
