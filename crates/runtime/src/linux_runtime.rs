@@ -238,7 +238,7 @@ impl LinuxRuntime {
         &self,
         spec: &SandboxSpec,
         disk: &LayerDisk,
-        saved: Option<&(&Path, Manifest)>,
+        saved: Option<(&Path, &Manifest)>,
     ) -> Result<(), RuntimeError> {
         let images = self.config.state_dir.join("images");
         let failed = || format!("create the writable layer of sandbox {}", spec.id);
@@ -307,15 +307,16 @@ impl LinuxRuntime {
         self.cap_sandbox_tasks();
         let cgroups_done = started.elapsed();
         let disk = LayerDisk::at(dir);
+        let booted_from;
         let saved_layer = match start {
-            Start::Restore(checkpoint, manifest) => Some((checkpoint, manifest.clone())),
-            Start::FromDisk(checkpoint) => Some((
-                checkpoint,
-                Manifest::read(checkpoint).map_err(checkpoint_error)?,
-            )),
+            Start::Restore(checkpoint, manifest) => Some((checkpoint, manifest)),
+            Start::FromDisk(checkpoint) => {
+                booted_from = Manifest::read(checkpoint).map_err(checkpoint_error)?;
+                Some((checkpoint, &booted_from))
+            }
             Start::Fresh => None,
         };
-        self.create_layer(spec, &disk, saved_layer.as_ref())?;
+        self.create_layer(spec, &disk, saved_layer)?;
         let mut restore_plan = None;
         match restore {
             Some((checkpoint, manifest)) => {

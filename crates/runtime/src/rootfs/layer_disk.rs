@@ -419,6 +419,7 @@ fn trim_seeds(seeds: &Path, max_bytes: u64) {
         return;
     };
     let mut images = Vec::new();
+    let mut locks = Vec::new();
     for entry in dir.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
         let path = entry.path();
@@ -431,6 +432,10 @@ fn trim_seeds(seeds: &Path, max_bytes: u64) {
                 let _ = std::fs::remove_file(&path);
                 let _ = std::fs::remove_dir(&path);
             }
+            continue;
+        }
+        if name.starts_with('.') && name.ends_with(".lock") {
+            locks.push(path);
             continue;
         }
         if name.ends_with(".img") && !name.starts_with('.') {
@@ -447,6 +452,27 @@ fn trim_seeds(seeds: &Path, max_bytes: u64) {
         }
         if std::fs::remove_file(&path).is_ok() {
             total = total.saturating_sub(bytes);
+        }
+    }
+    // A lock whose image is gone and that nobody holds (a filler holds it until its rename).
+    for lock in locks {
+        let name = lock.file_name().unwrap_or_default().to_string_lossy();
+        let image = seeds.join(format!(
+            "{}.img",
+            name.trim_start_matches('.').trim_end_matches(".lock")
+        ));
+        let Ok(file) = std::fs::File::open(&lock) else {
+            continue;
+        };
+        // SAFETY: flock on a file we own; released when `file` is closed.
+        let free = unsafe {
+            libc::flock(
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                libc::LOCK_EX | libc::LOCK_NB,
+            )
+        } == 0;
+        if free && !image.exists() {
+            let _ = std::fs::remove_file(&lock);
         }
     }
 }
@@ -543,6 +569,14 @@ mod tests {
         std::fs::write(&dead, b"x").unwrap();
         std::fs::write(&ours, b"x").unwrap();
         std::fs::create_dir(dir.join(".seed-2147483647-1.mnt")).unwrap();
+        // Locks: of a kept image, of a trimmed one, of one never made, and one held.
+        for lock in ["mid-64m", "old-64m", "gone-64m", "held-64m"] {
+            std::fs::write(dir.join(format!(".{lock}.lock")), b"").unwrap();
+        }
+        let held = std::fs::File::open(dir.join(".held-64m.lock")).unwrap();
+        // SAFETY: flock on a file we own.
+        let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&held), libc::LOCK_EX) };
+        assert_eq!(locked, 0);
 
         trim_seeds(&dir, (5 << 20) / 2);
         let mut left: Vec<String> = std::fs::read_dir(&dir)
@@ -551,8 +585,11 @@ mod tests {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .collect();
         left.sort();
+        drop(held);
         let mut expected = vec![
             format!(".seed-{}-2.img", std::process::id()),
+            ".held-64m.lock".to_string(),
+            ".mid-64m.lock".to_string(),
             "mid-64m.img".to_string(),
             "new-64m.img".to_string(),
         ];
