@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use warren_runtime::{LinuxRuntime, Runtime, Sandbox};
+use warren_runtime::{Runtime, Sandbox};
 
 fn health(sandbox: &Sandbox) -> String {
     let mut stream =
@@ -26,18 +26,6 @@ fn health(sandbox: &Sandbox) -> String {
     response.lines().next().unwrap_or("").to_string()
 }
 
-/// Destroys the test's sandboxes and state dir even when an assertion fails midway.
-struct Cleanup<'a>(&'a LinuxRuntime, &'static [&'static str]);
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for id in self.1 {
-            let _ = self.0.destroy(id);
-        }
-        let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
-    }
-}
-
 #[test]
 fn real_agent_pause_resume_and_fork() {
     let Some(base) = common::base_rootfs() else {
@@ -53,7 +41,7 @@ fn real_agent_pause_resume_and_fork() {
         println!("SKIP: CRIU does not work on this host");
         return;
     }
-    let _cleanup = Cleanup(&runtime, &["wt-ck-agent", "wt-ck-agent-f"]);
+    let _cleanup = common::Cleanup(&runtime, &["wt-ck-agent", "wt-ck-agent-f"]);
     let spec = common::spec("wt-ck-agent", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let before = health(&sandbox);

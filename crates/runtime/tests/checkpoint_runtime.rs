@@ -9,7 +9,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use warren_runtime::{LinuxRuntime, Runtime, RuntimeError, Sandbox};
+use warren_runtime::{Runtime, RuntimeError, Sandbox};
 
 fn counter(sandbox: &Sandbox) -> u64 {
     let (out, code) = common::exec(sandbox, "tail -n 1 /tmp/counter");
@@ -45,18 +45,6 @@ fn consecutive(sandbox: &Sandbox) {
     }
 }
 
-/// Destroys the test's sandboxes and state dir even when an assertion fails midway.
-struct Cleanup<'a>(&'a LinuxRuntime, &'static [&'static str]);
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for id in self.1 {
-            let _ = self.0.destroy(id);
-        }
-        let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
-    }
-}
-
 #[test]
 fn pause_resume_and_fork_through_the_runtime() {
     let Some(base) = common::base_rootfs() else {
@@ -67,7 +55,7 @@ fn pause_resume_and_fork_through_the_runtime() {
         println!("SKIP: CRIU does not work on this host (run scripts/setup)");
         return;
     }
-    let _cleanup = Cleanup(&runtime, &["wt-ck-rt", "wt-ck-rt-fork"]);
+    let _cleanup = common::Cleanup(&runtime, &["wt-ck-rt", "wt-ck-rt-fork"]);
     let spec = common::spec("wt-ck-rt", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let (out, code) = common::exec(
@@ -150,7 +138,7 @@ fn a_filesystem_checkpoint_keeps_files_and_boots_fresh_processes() {
         return;
     };
     let runtime = common::runtime("ckdisk");
-    let _cleanup = Cleanup(&runtime, &["wt-ck-disk", "wt-ck-disk-2"]);
+    let _cleanup = common::Cleanup(&runtime, &["wt-ck-disk", "wt-ck-disk-2"]);
     let spec = common::spec("wt-ck-disk", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let (out, code) = common::exec(

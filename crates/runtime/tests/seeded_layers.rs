@@ -15,18 +15,6 @@ use std::path::{Path, PathBuf};
 
 use warren_runtime::{LinuxRuntime, Runtime, RuntimeError};
 
-/// Destroys the test's sandboxes and state dir even when an assertion fails midway.
-struct Cleanup<'a>(&'a LinuxRuntime, &'static [&'static str]);
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for id in self.1 {
-            let _ = self.0.destroy(id);
-        }
-        let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
-    }
-}
-
 /// The seeded images (`*.img`) and any fill leftovers (`.seed-*`) in the runtime's layer cache.
 fn seed_cache(runtime: &LinuxRuntime) -> (Vec<PathBuf>, Vec<PathBuf>) {
     let dir = runtime.config().state_dir.join("cache").join("layers");
@@ -66,7 +54,7 @@ fn copies_of_one_checkpoint_share_one_seeded_layer_and_keep_their_own_writes() {
         return;
     };
     let runtime = common::runtime("seeded");
-    let _cleanup = Cleanup(&runtime, &["wt-seed-src", "wt-seed-a", "wt-seed-b"]);
+    let _cleanup = common::Cleanup(&runtime, &["wt-seed-src", "wt-seed-a", "wt-seed-b"]);
     let victim = runtime.config().state_dir.join("host-victim");
     std::fs::create_dir_all(&victim).unwrap();
     let dest = runtime.config().state_dir.join("saved").join("wt-seed-src");
@@ -139,7 +127,7 @@ fn a_damaged_layer_fails_the_copy_and_leaves_no_seed() {
         return;
     };
     let runtime = common::runtime("seedbad");
-    let _cleanup = Cleanup(&runtime, &["wt-seedbad-src", "wt-seedbad-a"]);
+    let _cleanup = common::Cleanup(&runtime, &["wt-seedbad-src", "wt-seedbad-a"]);
     let victim = runtime.config().state_dir.join("host-victim");
     std::fs::create_dir_all(&victim).unwrap();
     let dest = runtime

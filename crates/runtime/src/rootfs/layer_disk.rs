@@ -382,14 +382,8 @@ fn fill_privately<E: Send>(
                 nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
                     .map_err(|e| seeding(format!("new mount namespace: {e}")))?;
                 // Nothing mounted here may show up in the host's namespace.
-                mount(
-                    None::<&str>,
-                    "/",
-                    None::<&str>,
-                    MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-                    None::<&str>,
-                )
-                .map_err(|e| seeding(format!("make the mount namespace private: {e}")))?;
+                super::sandbox_mounts::make_private()
+                    .map_err(|e| seeding(format!("make the mount namespace private: {e}")))?;
                 let disk = LayerDisk {
                     image: image.to_path_buf(),
                     mount_point: mount_point.to_path_buf(),
