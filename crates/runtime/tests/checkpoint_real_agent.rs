@@ -41,7 +41,10 @@ fn real_agent_pause_resume_and_fork() {
         println!("SKIP: CRIU does not work on this host");
         return;
     }
-    let _cleanup = common::Cleanup(&runtime, &["wt-ck-agent", "wt-ck-agent-f"]);
+    let _cleanup = common::DestroyOnDrop(
+        &runtime,
+        ["wt-ck-agent", "wt-ck-agent-f"].map(String::from).to_vec(),
+    );
     let spec = common::spec("wt-ck-agent", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let before = health(&sandbox);

@@ -55,7 +55,10 @@ fn pause_resume_and_fork_through_the_runtime() {
         println!("SKIP: CRIU does not work on this host (run scripts/setup)");
         return;
     }
-    let _cleanup = common::Cleanup(&runtime, &["wt-ck-rt", "wt-ck-rt-fork"]);
+    let _cleanup = common::DestroyOnDrop(
+        &runtime,
+        ["wt-ck-rt", "wt-ck-rt-fork"].map(String::from).to_vec(),
+    );
     let spec = common::spec("wt-ck-rt", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let (out, code) = common::exec(
@@ -138,7 +141,10 @@ fn a_filesystem_checkpoint_keeps_files_and_boots_fresh_processes() {
         return;
     };
     let runtime = common::runtime("ckdisk");
-    let _cleanup = common::Cleanup(&runtime, &["wt-ck-disk", "wt-ck-disk-2"]);
+    let _cleanup = common::DestroyOnDrop(
+        &runtime,
+        ["wt-ck-disk", "wt-ck-disk-2"].map(String::from).to_vec(),
+    );
     let spec = common::spec("wt-ck-disk", vec![base.clone()], common::resources());
     let sandbox = runtime.create(&spec).expect("create");
     let (out, code) = common::exec(

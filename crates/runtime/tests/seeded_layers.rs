@@ -54,7 +54,12 @@ fn copies_of_one_checkpoint_share_one_seeded_layer_and_keep_their_own_writes() {
         return;
     };
     let runtime = common::runtime("seeded");
-    let _cleanup = common::Cleanup(&runtime, &["wt-seed-src", "wt-seed-a", "wt-seed-b"]);
+    let _cleanup = common::DestroyOnDrop(
+        &runtime,
+        ["wt-seed-src", "wt-seed-a", "wt-seed-b"]
+            .map(String::from)
+            .to_vec(),
+    );
     let victim = runtime.config().state_dir.join("host-victim");
     std::fs::create_dir_all(&victim).unwrap();
     let dest = runtime.config().state_dir.join("saved").join("wt-seed-src");
@@ -127,7 +132,12 @@ fn a_damaged_layer_fails_the_copy_and_leaves_no_seed() {
         return;
     };
     let runtime = common::runtime("seedbad");
-    let _cleanup = common::Cleanup(&runtime, &["wt-seedbad-src", "wt-seedbad-a"]);
+    let _cleanup = common::DestroyOnDrop(
+        &runtime,
+        ["wt-seedbad-src", "wt-seedbad-a"]
+            .map(String::from)
+            .to_vec(),
+    );
     let victim = runtime.config().state_dir.join("host-victim");
     std::fs::create_dir_all(&victim).unwrap();
     let dest = runtime

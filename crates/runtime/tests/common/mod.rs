@@ -229,16 +229,3 @@ impl From<LinuxRuntime> for TestRuntime {
         Self(runtime)
     }
 }
-
-/// Destroys a test's sandboxes and removes its state dir when dropped, so an assertion that fails
-/// midway leaves nothing behind either.
-pub struct Cleanup<'a>(pub &'a LinuxRuntime, pub &'static [&'static str]);
-
-impl Drop for Cleanup<'_> {
-    fn drop(&mut self) {
-        for id in self.1 {
-            let _ = warren_runtime::Runtime::destroy(self.0, id);
-        }
-        let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
-    }
-}
