@@ -406,6 +406,12 @@ pub trait Runtime: Send + Sync {
         checkpoint: &std::path::Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError>;
+    /// Drops what the runtime cached to start copies of `checkpoint` fast (its unpacked images, its
+    /// seeded layer), for a checkpoint that is about to be deleted and started no more (a fork's).
+    /// Caches of checkpoints that live on are trimmed by size instead.
+    fn forget_checkpoint(&self, checkpoint: &std::path::Path) {
+        let _ = checkpoint;
+    }
     /// Waits until the memory of a lazily restored sandbox has all arrived (at once for any other).
     /// An error says the transfer failed: the sandbox's processes were killed before they could run
     /// on a page that did not arrive intact, and the checkpoint it came from is still needed.

@@ -230,6 +230,16 @@ impl LinuxRuntime {
         self.allocate_ip(&spec.id)
     }
 
+    /// Where restores under a new ID keep verified, unpacked checkpoint images.
+    fn image_cache(&self) -> PathBuf {
+        self.config.state_dir.join("cache").join("images")
+    }
+
+    /// Where seeded layer images are kept (see [`LayerDisk::create_seeded`]).
+    fn seed_cache(&self) -> PathBuf {
+        self.config.state_dir.join("cache").join("layers")
+    }
+
     /// Makes the sandbox's writable layer: empty, or holding the layer saved in a checkpoint. A
     /// checkpoint started under another ID (a template's, a fork's, a snapshot's) is usually
     /// started many times: its layer is unpacked once into a seeded image that each such sandbox
@@ -250,7 +260,7 @@ impl LinuxRuntime {
                 disk.create_seeded(
                     spec.resources.disk_mib,
                     &images,
-                    &self.config.state_dir.join("cache").join("layers"),
+                    &self.seed_cache(),
                     &manifest.layer.sha256,
                     extract,
                 )
@@ -337,8 +347,7 @@ impl LinuxRuntime {
                     criu_version: criu.version().to_string(),
                     // A copy under a new name (template start, fork) is one of many restores of
                     // the same checkpoint; a resume is the only one of its pause checkpoint.
-                    image_cache: (manifest.sandbox_id != spec.id)
-                        .then(|| self.config.state_dir.join("cache").join("images")),
+                    image_cache: (manifest.sandbox_id != spec.id).then(|| self.image_cache()),
                     lazy: self.config.lazy_restore,
                 });
             }
@@ -1165,6 +1174,14 @@ impl Runtime for LinuxRuntime {
             }
         }
         Ok(dumped.info)
+    }
+
+    fn forget_checkpoint(&self, checkpoint: &Path) {
+        // Nothing was cached for a checkpoint whose manifest cannot be read.
+        if let Ok(manifest) = Manifest::read(checkpoint) {
+            crate::rootfs::layer_disk::forget_seeds(&self.seed_cache(), &manifest.layer.sha256);
+            checkpoint::store::forget_images(&self.image_cache(), &manifest.images);
+        }
     }
 
     fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {

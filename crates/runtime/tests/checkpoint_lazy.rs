@@ -467,6 +467,24 @@ fn a_small_checkpoint_is_copied_eagerly_through_the_image_cache() {
         .restore(&dir, &second)
         .expect("restore from the cache");
     assert_eq!(holder_check(&copy_b), "ok");
+
+    // A checkpoint that will not be started again (a fork's) takes its cache entries with it.
+    let seeds = runtime.config().state_dir.join("cache").join("layers");
+    let seeded = |dir: &Path| {
+        std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".img"))
+            .count()
+    };
+    assert_eq!(seeded(&seeds), 1, "the copies' seeded layer");
+    runtime.forget_checkpoint(&dir);
+    assert!(!entries[0].exists(), "the image cache entry is still there");
+    assert_eq!(seeded(&seeds), 0, "the seeded layer is still there");
+    assert!(
+        dir.join("manifest.json").exists(),
+        "the checkpoint itself stays"
+    );
     for id in ids {
         runtime.destroy(id).expect("destroy");
     }

@@ -69,6 +69,10 @@ async fn fork_restores_independent_sandboxes_and_leaves_the_source_running() {
     assert_eq!(ids.len(), 3, "every fork has its own id");
     assert!(!ids.contains(&source_id));
     assert_eq!(h.runtime.recorded.lock().unwrap().restored.len(), 3);
+    // Its checkpoint is forgotten by the runtime's caches, then deleted.
+    let forgotten = h.runtime.recorded.lock().unwrap().forgotten.clone();
+    assert_eq!(forgotten.len(), 1, "{forgotten:?}");
+    assert!(!forgotten[0].exists(), "{forgotten:?} still there");
 
     // The source keeps its id, state and end time; the checkpoint it gave is an event, not a transition.
     let after = h

@@ -485,6 +485,11 @@ pub fn unpack_images_cached(
     Ok(())
 }
 
+/// Removes the entry of `cache` that [`unpack_images_cached`] made for `files`, if any.
+pub fn forget_images(cache: &Path, files: &[StoredFile]) {
+    let _ = std::fs::remove_dir_all(cache.join(cache_key(files)));
+}
+
 fn cache_key(files: &[StoredFile]) -> String {
     let mut hasher = Sha256::new();
     for file in files {

@@ -350,6 +350,17 @@ fn seeded_image<E: Send>(
     Ok(path)
 }
 
+/// Removes the seeded images made under `key`, of every size.
+pub fn forget_seeds(seeds: &Path, key: &str) {
+    let prefix = format!("{key}-");
+    for entry in std::fs::read_dir(seeds).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && name.ends_with("m.img") {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// Whether `path` exists; if so its modification time becomes now (the trimming order).
 fn mark_used(path: &Path) -> bool {
     match std::fs::OpenOptions::new().write(true).open(path) {

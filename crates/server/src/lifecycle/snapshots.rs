@@ -206,7 +206,15 @@ impl Lifecycle {
             async move { self.admit_and_start(record, start).await }
         });
         let outcomes = futures_util::future::join_all(forks).await;
-        // Every fork has its own copy of the layer now; the checkpoint is not needed any more.
+        // Every fork has its own copy of the layer now; the checkpoint is not needed any more, nor
+        // what the runtime cached to start its copies.
+        let forgotten = dir.clone();
+        let _ = self
+            .on_runtime(move |runtime| {
+                runtime.forget_checkpoint(&forgotten);
+                Ok(())
+            })
+            .await;
         remove_snapshot(&dir).await;
         let started = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
         tracing::info!(sandbox = %source.id, requested = count, started, "forked");

@@ -40,6 +40,8 @@ pub struct Recorded {
     pub restored: Vec<SandboxSpec>,
     /// Sandboxes started fresh over saved files (`boot_from_disk`).
     pub booted: Vec<SandboxSpec>,
+    /// Checkpoints whose caches the server dropped (`forget_checkpoint`).
+    pub forgotten: Vec<std::path::PathBuf>,
 }
 
 pub struct FakeRuntime {
@@ -507,6 +509,14 @@ impl Runtime for FakeRuntime {
 
     fn commit_layer(&self, _id: &str, _dest: &Path) -> Result<u64, RuntimeError> {
         Err(RuntimeError::Unsupported("fake".into()))
+    }
+
+    fn forget_checkpoint(&self, checkpoint: &Path) {
+        self.recorded
+            .lock()
+            .unwrap()
+            .forgotten
+            .push(checkpoint.to_path_buf());
     }
 
     fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
