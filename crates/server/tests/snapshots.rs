@@ -337,6 +337,8 @@ async fn snapshots_are_created_listed_used_as_templates_and_deleted() {
         .await;
     assert_eq!(gone.status, StatusCode::NOT_FOUND);
     assert!(snapshot_dirs(&h).is_empty());
+    // Both deletions dropped the runtime's caches of the checkpoint first.
+    assert_eq!(h.runtime.recorded.lock().unwrap().forgotten.len(), 2);
     let base = h.api(Method::DELETE, "/templates/base", None).await;
     assert_eq!(base.status, StatusCode::CONFLICT);
 }
@@ -378,6 +380,10 @@ async fn retention_keeps_the_newest_per_sandbox_and_drops_old_ones() {
     let report = lifecycle.collect_snapshots(now).await.unwrap();
     assert_eq!(report.deleted, vec![taken[0].id.clone()]);
     assert!(!taken[0].dir.exists());
+    assert_eq!(
+        h.runtime.recorded.lock().unwrap().forgotten,
+        vec![taken[0].dir.clone()]
+    );
     assert!(taken[1].dir.exists() && taken[2].dir.exists());
 
     // Past the maximum age everything goes, except what a live sandbox needs (pause checkpoints are

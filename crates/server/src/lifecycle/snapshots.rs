@@ -119,6 +119,19 @@ impl Lifecycle {
         }
     }
 
+    /// Deletes a checkpoint that will not be started again, and first what the runtime cached to
+    /// start copies of it (its seeded layer, its unpacked images).
+    async fn discard_checkpoint(&self, dir: &std::path::Path) {
+        let forgotten = dir.to_path_buf();
+        let _ = self
+            .on_runtime(move |runtime| {
+                runtime.forget_checkpoint(&forgotten);
+                Ok(())
+            })
+            .await;
+        remove_snapshot(dir).await;
+    }
+
     /// The layers a sandbox runs on: its template's.
     async fn layers_of(&self, record: &SandboxRecord) -> Result<Vec<PathBuf>, LifecycleError> {
         match self.store().get_template(&record.template_id).await? {
@@ -206,16 +219,8 @@ impl Lifecycle {
             async move { self.admit_and_start(record, start).await }
         });
         let outcomes = futures_util::future::join_all(forks).await;
-        // Every fork has its own copy of the layer now; the checkpoint is not needed any more, nor
-        // what the runtime cached to start its copies.
-        let forgotten = dir.clone();
-        let _ = self
-            .on_runtime(move |runtime| {
-                runtime.forget_checkpoint(&forgotten);
-                Ok(())
-            })
-            .await;
-        remove_snapshot(&dir).await;
+        // Every fork has its own copy of the layer now; the checkpoint is not needed any more.
+        self.discard_checkpoint(&dir).await;
         let started = outcomes.iter().filter(|outcome| outcome.is_ok()).count();
         tracing::info!(sandbox = %source.id, requested = count, started, "forked");
         Ok(outcomes)
@@ -319,7 +324,7 @@ impl Lifecycle {
             )));
         }
         self.store().delete_snapshot(&snapshot.id).await?;
-        remove_snapshot(&snapshot.dir).await;
+        self.discard_checkpoint(&snapshot.dir).await;
         tracing::info!(snapshot = %snapshot.id, "snapshot deleted");
         Ok(true)
     }
@@ -353,7 +358,7 @@ impl Lifecycle {
         let mut report = GcReport::default();
         for snapshot in expired {
             if self.store().delete_snapshot(&snapshot.id).await? {
-                remove_snapshot(&snapshot.dir).await;
+                self.discard_checkpoint(&snapshot.dir).await;
                 report.deleted.push(snapshot.id);
             }
         }
