@@ -412,6 +412,12 @@ pub trait Runtime: Send + Sync {
     fn forget_checkpoint(&self, checkpoint: &std::path::Path) {
         let _ = checkpoint;
     }
+    /// Whether starting this runtime replaced the host's firewall tables (a new ruleset version,
+    /// or host networks that changed since they were installed), which drops the egress rules live
+    /// sandboxes held there: every sandbox it adopts then needs [`Runtime::set_network`] again.
+    fn network_rules_replaced(&self) -> bool {
+        false
+    }
     /// Waits until the memory of a lazily restored sandbox has all arrived (at once for any other).
     /// An error says the transfer failed: the sandbox's processes were killed before they could run
     /// on a page that did not arrive intact, and the checkpoint it came from is still needed.

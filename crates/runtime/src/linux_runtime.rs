@@ -50,6 +50,9 @@ pub struct LinuxRuntime {
     egress_proxy: EgressProxy,
     /// The host's lxcfs mount, when it answers (see [`crate::rootfs::lxcfs`]).
     lxcfs: Option<PathBuf>,
+    /// Starting this runtime replaced the host's firewall tables (see
+    /// [`Runtime::network_rules_replaced`]).
+    ruleset_replaced: bool,
 }
 
 fn io_error(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RuntimeError {
@@ -100,13 +103,16 @@ impl LinuxRuntime {
             source,
         })?;
         config::restrict_state_dir(&config.state_dir)?;
-        firewall::ensure_ruleset(
+        let ruleset_replaced = firewall::ensure_ruleset(
             &config.bridge,
             config.gateway,
             config.subnet_prefix,
             config.egress_proxy_port,
         )
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        if ruleset_replaced {
+            tracing::info!("installed the sandbox firewall tables (new, or replacing another version's): adopted sandboxes get their network rules again");
+        }
         let egress_proxy = EgressProxy::start(EgressProxyConfig {
             listen: SocketAddrV4::new(config.gateway, config.egress_proxy_port),
             resolvers: config.egress_resolvers.clone(),
@@ -135,6 +141,7 @@ impl LinuxRuntime {
         Ok(Self {
             config,
             supervisor_binary,
+            ruleset_replaced,
             lxcfs,
             cgroups,
             addresses,
@@ -1020,6 +1027,10 @@ impl Runtime for LinuxRuntime {
                 .map_err(RuntimeError::InvalidSpec),
             None => Ok(()),
         }
+    }
+
+    fn network_rules_replaced(&self) -> bool {
+        self.ruleset_replaced
     }
 
     fn set_network(&self, id: &str, network: &crate::NetworkSpec) -> Result<(), RuntimeError> {

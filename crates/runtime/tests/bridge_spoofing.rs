@@ -741,13 +741,17 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
         );
         assert!(ok, "{out}");
         let gateway = Ipv4Addr::new(10, 77, 0, 1);
-        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
-            .expect("replace the ruleset");
+        let replaced =
+            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
+                .expect("replace the ruleset");
+        assert!(replaced, "an older ruleset was not reported replaced");
         let first = host_command("nft", &["list", "ruleset"]).1;
         // Current already: left alone (an element added now survives a second call).
         load("add element bridge warren ports { \"wv-9-7\" . 02:77:0a:4d:09:07 . 10.77.9.7 }\n");
-        warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
-            .expect("keep the ruleset");
+        let replaced =
+            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
+                .expect("keep the ruleset");
+        assert!(!replaced, "a current ruleset was reported replaced");
         let second = host_command("nft", &["list", "ruleset"]).1;
         (first, second)
     })

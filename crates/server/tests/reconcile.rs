@@ -89,6 +89,55 @@ async fn restart_adopts_loses_and_destroys() {
     drop(keep);
 }
 
+/// Address rules live in the host's nftables and survive a restart, so an adopted sandbox does
+/// not need them again, unless the new server's runtime replaced the tables (a new ruleset version):
+/// then every adopted sandbox gets its rules again, or its denied addresses would be open to it.
+#[tokio::test]
+async fn adopted_sandboxes_get_their_address_rules_again_when_the_ruleset_was_replaced() {
+    let runtime = FakeRuntime::new(false);
+    let h = Harness::start_on(runtime.clone(), |_| {}).await;
+    let id = h
+        .create(json!({"templateID": "base", "network": {"denyOut": ["198.18.0.0/15"]}}))
+        .await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let state_dir = h.server.state_dir().to_path_buf();
+    let warren_testkit::TestServer {
+        server: mut current,
+        state_dir: keep,
+        ..
+    } = h.server;
+    for replaced in [false, true] {
+        let database_url = current.lifecycle.config().database_url.clone();
+        current.shutdown().await.unwrap();
+        runtime.egress.lock().unwrap().clear();
+        runtime
+            .rules_replaced
+            .store(replaced, std::sync::atomic::Ordering::SeqCst);
+        let mut config =
+            warren_testkit::test_config(&state_dir, PathBuf::from("/nonexistent/wt-rootfs"));
+        config.database_url = database_url;
+        current = Server::start(config, runtime.clone()).await.unwrap();
+        assert_eq!(current.reconcile.adopted, vec![id.clone()]);
+        let given = runtime.egress.lock().unwrap().get(&id).cloned();
+        if replaced {
+            let network =
+                given.expect("the rules were not given again after the tables were replaced");
+            let denied: Vec<String> = network.egress.deny.iter().map(|c| c.to_string()).collect();
+            assert_eq!(denied, vec!["198.18.0.0/15".to_string()]);
+        } else {
+            assert!(
+                given.is_none(),
+                "address rules reinstalled needlessly: {given:?}"
+            );
+        }
+    }
+    current.lifecycle.kill(&id, "test over").await.unwrap();
+    current.shutdown().await.unwrap();
+    drop(keep);
+}
+
 /// A fork or snapshot a crash cut short leaves its source frozen under a `running` row and a
 /// temporary checkpoint directory: the restart thaws the source and removes the directory.
 #[tokio::test]

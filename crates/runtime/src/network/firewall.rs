@@ -315,13 +315,16 @@ pub fn port_element(plan: &NetworkPlan) -> String {
 /// of the host). Tables of another version are replaced in one nft transaction that carries over
 /// what live sandboxes hold: the `internet` elements, and a port binding for every sandbox veth on
 /// the host (its address follows from its name and `network`, see [`enrolled_ports`]), so that
-/// upgrading Warren does not cut off the sandboxes it adopts.
+/// upgrading Warren does not cut off the sandboxes it adopts. Their egress rules (allow/deny
+/// intervals, names, headers) are not carried over, since another version may keep them otherwise:
+/// returns true when the tables were replaced, and the caller gives each live sandbox its network
+/// rules again ([`set_network`]).
 pub fn ensure_ruleset(
     bridge: &str,
     gateway: Ipv4Addr,
     prefix: u8,
     proxy_port: u16,
-) -> Result<(), FirewallError> {
+) -> Result<bool, FirewallError> {
     let network = super::network_address(gateway, prefix);
     // Two runtimes starting at once must not both replace: the second would drop what the first's
     // sandboxes added in between. The lock is host-wide, like the tables.
@@ -333,7 +336,7 @@ pub fn ensure_ruleset(
     let marker = version_marker(&host, proxy);
     let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
     if current(&ip_table) && current(&bridge_table) {
-        return Ok(());
+        return Ok(false);
     }
     let mut script = format!(
         "add table ip {TABLE}\ndelete table ip {TABLE}\nadd table bridge {TABLE}\ndelete table bridge {TABLE}\n"
@@ -362,7 +365,7 @@ pub fn ensure_ruleset(
     }
     let result = nft("install the sandbox ruleset", &script);
     drop(lock);
-    result
+    result.map(|()| true)
 }
 
 /// flock on `/run/warren/firewall.lock`, released when the file closes on drop.

@@ -62,6 +62,8 @@ pub struct FakeRuntime {
     pub capacity: Mutex<HostCapacity>,
     /// The deadline `renew` gave each sandbox last.
     pub deadlines: Mutex<HashMap<String, u64>>,
+    /// What `network_rules_replaced` reports (a host whose firewall tables were just replaced).
+    pub rules_replaced: AtomicBool,
 }
 
 impl FakeRuntime {
@@ -82,6 +84,7 @@ impl FakeRuntime {
                 disk_promised_bytes: 0,
             }),
             deadlines: Mutex::new(HashMap::new()),
+            rules_replaced: AtomicBool::new(false),
         })
     }
 
@@ -281,6 +284,11 @@ impl Runtime for FakeRuntime {
             cgroup_version: 1,
             checkpoint: self.checkpoint,
         }
+    }
+
+    fn network_rules_replaced(&self) -> bool {
+        self.rules_replaced
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {

@@ -64,11 +64,14 @@ impl Lifecycle {
             })
     }
 
-    /// Gives an adopted sandbox its network rules again: nftables kept them across the restart, but
-    /// the egress proxy's host-name and header rules lived in the old process. Without this its
-    /// allowed names would be refused (the proxy fails closed), never wrongly allowed.
+    /// Gives an adopted sandbox its network rules again. The egress proxy's host-name and header
+    /// rules lived in the old process: without them its allowed names would be refused (the proxy
+    /// fails closed), never wrongly allowed. nftables keeps the address rules across a restart,
+    /// unless this start replaced the host's tables (a new ruleset version, changed host networks):
+    /// then a sandbox's denied addresses would be open to it until its next update or resume, so
+    /// every adopted sandbox gets all its rules again.
     pub(crate) async fn reinstall_network(&self, record: &SandboxRecord) {
-        if !record.egress.needs_proxy() {
+        if !record.egress.needs_proxy() && !self.runtime.network_rules_replaced() {
             return;
         }
         let spec = match self.resolved_network_spec(record).await {
