@@ -163,6 +163,7 @@ pub(crate) fn boot_plan(
 impl Lifecycle {
     /// Admit, start and initialise a sandbox.
     pub async fn create(&self, request: CreateRequest) -> Result<CreatedSandbox, LifecycleError> {
+        let timer = std::time::Instant::now();
         let timeout = self.timeout_millis(request.timeout)?;
         let volumes = crate::volumes::resolve_mounts(
             self.store.as_ref(),
@@ -218,6 +219,7 @@ impl Lifecycle {
         self.check_egress(&record.id, &record.egress).await?;
         self.check_placeholders(&record.team_id, &record.env_vars, &record.egress)
             .await?;
+        tracing::debug!(sandbox = %record.id, ms = ms_since(timer), "create request resolved");
         let record = match self.take_pooled(&source, !record.volumes.is_empty()) {
             Some(member) => self.start_pooled(record, &source, member).await?,
             None => self.admit_and_start(record, &source).await?,
@@ -231,6 +233,7 @@ impl Lifecycle {
                 tracing::warn!(template = %source.template_id, %error, "cannot count template spawn");
             }
         }
+        tracing::debug!(sandbox = %record.id, total_ms = ms_since(timer), "sandbox created");
         Ok(CreatedSandbox { record })
     }
 
@@ -243,11 +246,14 @@ impl Lifecycle {
     ) -> Result<SandboxRecord, LifecycleError> {
         // Before anything is stored: a secret its rules use may be gone (a fork of a sandbox whose
         // secret was deleted since).
+        let timer = std::time::Instant::now();
         let network = self.resolved_network_spec(&record).await?;
         let lock = self.lock_for(&record.id);
         let _held = lock.lock().await;
+        let resolved = ms_since(timer);
         self.admit_and_insert(&record, None).await?;
         let admitted = std::time::Instant::now();
+        let admit_ms = ms_since(timer) - resolved;
 
         let mut spec = self.spec_with_layers(&record, source.layers.clone(), network);
         spec.network.raw_sockets = source.privileges.raw_sockets;
@@ -270,6 +276,7 @@ impl Lifecycle {
                     .await,
             ),
         };
+        let runtime_ms = ms_since(admitted);
         let sandbox = match started {
             Ok(sandbox) => sandbox,
             Err(source) => {
@@ -299,6 +306,7 @@ impl Lifecycle {
                 .await;
             return Err(error);
         }
+        let init_ms = ms_since(admitted) - runtime_ms;
         if let Err(source) = self
             .run_template_start(&record, source.cold_start.clone(), &sandbox)
             .await
@@ -328,6 +336,15 @@ impl Lifecycle {
             },
         )
         .await?;
+        tracing::debug!(
+            sandbox = %record.id,
+            network_ms = resolved,
+            admit_ms,
+            runtime_ms,
+            agent_init_ms = init_ms,
+            stored_ms = ms_since(admitted) - runtime_ms - init_ms,
+            "sandbox admitted and started"
+        );
         self.metrics
             .sandbox_started(admitted.elapsed().as_secs_f64());
         Ok(record)
@@ -661,4 +678,8 @@ impl Lifecycle {
             Err(instantiate::InstantiateError::StartExited { id, code: -1 })
         })
     }
+}
+
+fn ms_since(start: std::time::Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1e3
 }
