@@ -243,6 +243,16 @@ pub struct UpArgs {
     /// (docs/checkpoints.md).
     #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
     pub no_lazy_restore: bool,
+    /// Sandbox supervisors kept started ahead of need, so that a create does not wait for one to
+    /// start (about 3 ms of a create here); 0 starts one per create. Each is an idle process that
+    /// holds nothing until it is handed a sandbox, and exits when the server does.
+    #[arg(
+        long,
+        env = "WARREN_STANDBY_SUPERVISORS",
+        default_value_t = 2,
+        value_name = "N"
+    )]
+    pub standby_supervisors: usize,
     /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
     /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
     /// sandbox, decides where an allowed name's connection goes (docs/network.md).

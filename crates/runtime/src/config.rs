@@ -48,6 +48,10 @@ pub struct LinuxRuntimeConfig {
     /// by chunk from the checkpoint (see [`crate::checkpoint::lazy_pages`]). Off: every page is read
     /// and checked before the processes run. Checkpoints of format 1 are always restored eagerly.
     pub lazy_restore: bool,
+    /// Supervisors kept started ahead of need (`supervisor::standby`), so a create does not wait
+    /// for a process to start; 0: each create starts its own. Each one is an idle process of a few
+    /// hundred KiB that holds nothing else.
+    pub standby_supervisors: usize,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -67,6 +71,7 @@ impl Default for LinuxRuntimeConfig {
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
             lazy_restore: true,
+            standby_supervisors: 0,
         }
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, TcpStream};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cgroups::{CgroupVersion, Cgroups, SandboxCgroup};
@@ -19,7 +19,8 @@ use crate::process_table::{self, CPU_SAMPLE_WINDOW};
 use crate::rootfs::layer_disk::SeedError;
 use crate::rootfs::{commit, sandbox_mounts, LayerDisk};
 use crate::sandbox_state::{now_unix_ms, SandboxRecord};
-use crate::supervisor::{self, RestorePlan, SupervisorConfig};
+use crate::supervisor::standby::{HandError, StandbyPool};
+use crate::supervisor::{self, Launched, RestorePlan, SupervisorConfig, SupervisorError};
 use crate::{
     namespaces, Capabilities, CheckpointInfo, HostCapacity, ProcessInfo, Runtime, RuntimeError,
     RuntimeState, Sandbox, SandboxSpec, Stats, AGENT_PORT,
@@ -50,6 +51,8 @@ pub struct LinuxRuntime {
     egress_proxy: EgressProxy,
     /// The host's lxcfs mount, when it answers (see [`crate::rootfs::lxcfs`]).
     lxcfs: Option<PathBuf>,
+    /// Supervisors started ahead of need.
+    standbys: Arc<StandbyPool>,
     /// Starting this runtime replaced the host's firewall tables (see
     /// [`Runtime::network_rules_replaced`]).
     ruleset_replaced: bool,
@@ -138,9 +141,11 @@ impl LinuxRuntime {
                 None
             }
         };
+        let standbys = StandbyPool::start(&supervisor_binary, config.standby_supervisors);
         Ok(Self {
             config,
             supervisor_binary,
+            standbys,
             ruleset_replaced,
             lxcfs,
             cgroups,
@@ -403,16 +408,12 @@ impl LinuxRuntime {
             now_unix_ms() + crate::supervisor::deadline::INITIAL_LEASE_MS,
         )
         .map_err(io_error(format!("write the deadline of {}", spec.id)))?;
-        let launched = supervisor::launch(
-            &self.supervisor_binary,
-            &config_path,
-            &dir.join("supervisor.log"),
-            self.config.agent_timeout,
-        )
-        .map_err(internal(format!(
-            "start the supervisor of sandbox {}",
-            spec.id
-        )))?;
+        let launched = self
+            .launch_supervisor(&config_path, &dir.join("supervisor.log"))
+            .map_err(internal(format!(
+                "start the supervisor of sandbox {}",
+                spec.id
+            )))?;
         let record = SandboxRecord {
             id: spec.id.clone(),
             ip,
@@ -459,6 +460,36 @@ impl LinuxRuntime {
             "sandbox started"
         );
         Ok(self.sandbox_of(&record))
+    }
+
+    /// Starts the supervisor of the sandbox configured at `config_path`: a standby one when the pool
+    /// has one ready (a standby found dead is passed over), else a new process.
+    fn launch_supervisor(
+        &self,
+        config_path: &Path,
+        log: &Path,
+    ) -> Result<Launched, SupervisorError> {
+        while let Some(standby) = self.standbys.take() {
+            let handed = standby.hand(config_path, self.config.agent_timeout);
+            // Refilled once this sandbox's set-up no longer needs the CPU.
+            self.standbys.top_up();
+            match handed {
+                Ok(launched) => return Ok(launched),
+                Err(HandError::Gone) => continue,
+                Err(HandError::Failed(error)) => return Err(error),
+            }
+        }
+        supervisor::launch(
+            &self.supervisor_binary,
+            config_path,
+            log,
+            self.config.agent_timeout,
+        )
+    }
+
+    /// The pids of the supervisors waiting in the standby pool (for tests and leftover checks).
+    pub fn standby_supervisor_pids(&self) -> Vec<u32> {
+        self.standbys.pids()
     }
 
     /// Waits until the agent accepts TCP connections, or fails with the tail of its log.

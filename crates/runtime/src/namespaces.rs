@@ -79,11 +79,28 @@ pub fn run_in<T: Send>(
 /// Creates a network namespace, pins it at `pin` (an existing empty file) and returns the calling
 /// thread to the namespace it was in. Returns the new namespace.
 pub fn create_pinned_netns(pin: &Path) -> Result<File, NamespaceError> {
+    let created = create_netns()?;
+    pin_netns(&created, pin)?;
+    Ok(created)
+}
+
+/// Creates a network namespace and returns the calling thread to the namespace it was in. Nothing
+/// but the returned file keeps the new namespace alive until it is pinned.
+pub fn create_netns() -> Result<File, NamespaceError> {
     let here_path = Path::new("/proc/thread-self/ns/net");
     let original = open(here_path)?;
     unshare(CloneFlags::CLONE_NEWNET).map_err(|e| NamespaceError::Unshare("net", e))?;
-    let pinned = mount(
-        Some(here_path),
+    let created = open(here_path);
+    join(&original, here_path, CloneFlags::CLONE_NEWNET)?;
+    created
+}
+
+/// Pins the network namespace `netns` at `pin` (an existing empty file) with a bind mount.
+pub fn pin_netns(netns: &File, pin: &Path) -> Result<(), NamespaceError> {
+    use std::os::fd::AsRawFd;
+    let source = PathBuf::from(format!("/proc/self/fd/{}", netns.as_raw_fd()));
+    mount(
+        Some(&source),
         pin,
         None::<&str>,
         MsFlags::MS_BIND,
@@ -92,11 +109,7 @@ pub fn create_pinned_netns(pin: &Path) -> Result<File, NamespaceError> {
     .map_err(|source| NamespaceError::Pin {
         path: pin.to_path_buf(),
         source,
-    });
-    let created = open(here_path);
-    join(&original, here_path, CloneFlags::CLONE_NEWNET)?;
-    pinned?;
-    created
+    })
 }
 
 /// Unpins a network namespace (it goes away once no process is in it).

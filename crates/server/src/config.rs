@@ -58,6 +58,9 @@ pub struct ServerConfig {
     pub no_new_privs: bool,
     /// Restore checkpoints lazily (`warren_runtime::LinuxRuntimeConfig::lazy_restore`).
     pub lazy_restore: bool,
+    /// Supervisors started ahead of need
+    /// (`warren_runtime::LinuxRuntimeConfig::standby_supervisors`).
+    pub standby_supervisors: usize,
     /// DNS servers the egress proxy resolves allowed host names with (empty: the host's
     /// `/etc/resolv.conf`; `warren_runtime::LinuxRuntimeConfig::egress_resolvers`).
     pub egress_resolvers: Vec<SocketAddr>,
@@ -249,6 +252,7 @@ impl ServerConfig {
             expedite_rcu: true,
             no_new_privs: false,
             lazy_restore: true,
+            standby_supervisors: 2,
             egress_resolvers: Vec::new(),
             egress_upstream_ca: Vec::new(),
             build_timeout: Duration::from_secs(3600),

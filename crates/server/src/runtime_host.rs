@@ -14,6 +14,7 @@ pub fn linux_runtime(config: &ServerConfig) -> Result<Arc<dyn Runtime>, ConfigEr
         expedite_rcu: config.expedite_rcu,
         no_new_privs: config.no_new_privs,
         lazy_restore: config.lazy_restore,
+        standby_supervisors: config.standby_supervisors,
         egress_resolvers: config.egress_resolvers.clone(),
         egress_upstream_ca: config.egress_upstream_ca.clone(),
         ..LinuxRuntimeConfig::default()

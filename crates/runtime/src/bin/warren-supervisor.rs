@@ -4,13 +4,15 @@
 //! a small image that only waits for the init and records how it ended. When that process dies
 //! (killed from outside), `warren-supervisor adopt <init-pid> <sandbox-dir>` starts a detached `wait`
 //! for the running init again and prints its pid: the sandbox gets its dead man's switch back.
+//! `warren-supervisor standby --status-fd <fd>` is the same supervisor started ahead of need: it reads
+//! the configuration's path from its stdin when a sandbox is created (see `supervisor::standby`).
 //! `warren-supervisor serve-pages <checkpoint> <images> <socket-fd> <report-fd>` answers the page
 //! requests of a lazy restore's `criu lazy-pages` daemon from the checkpoint (started by `run`).
 
 use std::path::{Path, PathBuf};
 
-const USAGE: &str =
-    "usage: warren-supervisor run <config.json> --status-fd <fd> | adopt <init-pid> <sandbox-dir> \
+const USAGE: &str = "usage: warren-supervisor run <config.json> --status-fd <fd> \
+     | standby --status-fd <fd> | adopt <init-pid> <sandbox-dir> \
      | serve-pages <checkpoint> <images> <socket-fd> <report-fd>";
 
 fn main() {
@@ -18,9 +20,15 @@ fn main() {
     let code = match args.as_slice() {
         [_, run, config, flag, fd] if run == "run" && flag == "--status-fd" => {
             match fd.parse::<i32>() {
-                Ok(fd) if fd > 2 => {
+                Ok(fd) if fd == 1 || fd > 2 => {
                     warren_runtime::supervisor::run_supervisor(&PathBuf::from(config), fd)
                 }
+                _ => usage(),
+            }
+        }
+        [_, standby, flag, fd] if standby == "standby" && flag == "--status-fd" => {
+            match fd.parse::<i32>() {
+                Ok(fd) if fd == 1 || fd > 2 => warren_runtime::supervisor::run_standby(fd),
                 _ => usage(),
             }
         }

@@ -3,22 +3,23 @@
 //! supervisor detaches (double fork + setsid, so it outlives the server and is never its zombie), wires
 //! the network, starts the sandbox's init in fresh pid/mount/uts/ipc namespaces, reports
 //! `ok <init pid> <supervisor pid>` or `err <message>` on the status fd, then waits for the init and
-//! records its exit status in `sandboxes/<id>/init.exit`.
+//! records its exit status in `sandboxes/<id>/init.exit`. A [`standby::StandbyPool`] keeps a few
+//! supervisors started ahead of need (`warren-supervisor standby`), handed a configuration's path
+//! on their stdin instead.
 
 pub mod deadline;
 mod init;
 mod run;
+pub mod standby;
 
-use std::io::{BufRead, BufReader};
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use run::{adopt, run_supervisor, wait_and_record};
+pub use run::{adopt, run_supervisor, standby as run_standby, wait_and_record};
 
 use crate::network::NetworkPlan;
 
@@ -210,38 +211,25 @@ pub fn launch(
             path: log.to_path_buf(),
             source,
         })?;
-    let log_err = log_file
-        .try_clone()
-        .map_err(|source| SupervisorError::Config {
-            path: log.to_path_buf(),
-            source,
-        })?;
-    let status_fd = write_end.as_raw_fd();
+    // The status pipe goes as stdout and no code runs between fork and exec, so the standard
+    // library starts the process with posix_spawn (a vfork) instead of a fork that copies the
+    // server's page tables.
     let mut command = Command::new(binary);
     command
         .arg("run")
         .arg(config_path)
         .arg("--status-fd")
-        .arg(status_fd.to_string())
+        .arg("1")
         .stdin(Stdio::null())
-        .stdout(log_file)
-        .stderr(log_err)
+        .stdout(Stdio::from(write_end))
+        .stderr(log_file)
         .current_dir("/");
-    // SAFETY: the closure only calls fcntl(2), which is async-signal-safe, on an fd that stays open in
-    // the child; it allocates nothing.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::fcntl(status_fd, libc::F_SETFD, 0) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
     let mut child = command.spawn().map_err(|source| SupervisorError::Spawn {
         binary: binary.to_path_buf(),
         source,
     })?;
-    drop(write_end);
+    // The command held the write end; dropping it leaves the supervisor the only writer.
+    drop(command);
     // The first supervisor process only forks the detached one and exits.
     child.wait().map_err(|source| SupervisorError::Spawn {
         binary: binary.to_path_buf(),
@@ -252,27 +240,38 @@ pub fn launch(
 }
 
 fn read_report(read_end: OwnedFd, timeout: Duration) -> Result<String, SupervisorError> {
+    read_line_within(&read_end, timeout)
+}
+
+/// Reads one line (up to its newline, or end of input: then what came, possibly nothing) from the
+/// pipe `fd`, waiting at most `timeout` in all. Lines on a status pipe are written whole by one
+/// write(2) each, so nothing after the newline is read here and lost.
+fn read_line_within(fd: &OwnedFd, timeout: Duration) -> Result<String, SupervisorError> {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
     use std::os::fd::AsFd;
     let deadline = std::time::Instant::now() + timeout;
-    {
+    let mut line = Vec::new();
+    loop {
         let remaining = deadline.saturating_duration_since(std::time::Instant::now());
         let millis = u16::try_from(remaining.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(read_end.as_fd(), PollFlags::POLLIN)];
-        let ready = poll(&mut fds, PollTimeout::from(millis)).map_err(SupervisorError::Pipe)?;
+        let mut fds = [PollFd::new(fd.as_fd(), PollFlags::POLLIN)];
+        let ready = match poll(&mut fds, PollTimeout::from(millis)) {
+            Err(nix::Error::EINTR) => continue,
+            other => other.map_err(SupervisorError::Pipe)?,
+        };
         if ready == 0 {
             return Err(SupervisorError::Timeout(timeout));
         }
+        let mut buf = [0u8; 512];
+        let n = match nix::unistd::read(fd.as_raw_fd(), &mut buf) {
+            Err(nix::Error::EINTR) => continue,
+            other => other.map_err(SupervisorError::Pipe)?,
+        };
+        line.extend_from_slice(&buf[..n]);
+        if n == 0 || line.ends_with(b"\n") {
+            return Ok(String::from_utf8_lossy(&line).into_owned());
+        }
     }
-    let mut reader = BufReader::new(std::fs::File::from(read_end));
-    let mut line = String::new();
-    reader
-        .read_line(&mut line)
-        .map_err(|source| SupervisorError::Config {
-            path: PathBuf::from("status pipe"),
-            source,
-        })?;
-    Ok(line)
 }
 
 fn parse_report(line: &str) -> Result<Launched, SupervisorError> {

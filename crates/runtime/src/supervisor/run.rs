@@ -18,22 +18,124 @@ use crate::network::netlink::{self, Netlink};
 /// Entry point of `warren-supervisor run <config> --status-fd <fd>`. Returns the process exit code.
 pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
     let _ = STARTED.set(std::time::Instant::now());
+    let status = match detach(status_fd) {
+        Detached::Parent => return 0,
+        Detached::Child(status) => status,
+        Detached::Failed => return 1,
+    };
+    serve(status, config_path, None)
+}
+
+/// Entry point of `warren-supervisor standby --status-fd <fd>`: a supervisor started before there is
+/// a sandbox for it, so that a create does not wait for a process to start (about a third of the
+/// supervisor's time). It detaches as `run` does, then waits for one line on its stdin, the path of
+/// a sandbox's configuration, and goes on as `run` would with it. End of input (the runtime dropped
+/// it, or exited) ends it without a trace.
+pub fn standby(status_fd: i32) -> i32 {
+    let status = match detach(status_fd) {
+        Detached::Parent => return 0,
+        Detached::Child(status) => status,
+        Detached::Failed => return 1,
+    };
+    // Made while nothing waits: a network namespace costs most of a millisecond to create. It
+    // goes with this process if no sandbox ever comes.
+    let netns = namespaces::create_netns().ok();
+    if !report(&status, &format!("ready {}", std::process::id())) {
+        return 0;
+    }
+    let mut order = String::new();
+    match std::io::stdin().read_line(&mut order) {
+        Ok(n) if n > 0 && order.ends_with('\n') => {}
+        _ => return 0,
+    }
+    let _ = STARTED.set(std::time::Instant::now());
+    let config_path = Path::new(order.trim_end_matches('\n'));
+    // The sandbox's log replaces the runtime's /dev/null, and the order pipe is not the init's to
+    // inherit. The log is named by the configuration's directory, as `LinuxRuntime` names it for `run`.
+    if let Err(e) = redirect_to_log(config_path) {
+        report(&status, &format!("err {e}"));
+        return 1;
+    }
+    serve(status, config_path, netns)
+}
+
+enum Detached {
+    Parent,
+    Child(OwnedFd),
+    Failed,
+}
+
+/// Takes ownership of the status fd and forks: the runtime reaps the first process at once, the
+/// second one (a new session) goes on and is reparented to init.
+fn detach(status_fd: i32) -> Detached {
+    let status_fd = if status_fd == libc::STDOUT_FILENO {
+        // The runtime hands the status pipe over as stdout, so that it can start this process
+        // without running code between its fork and exec (which makes the kernel copy the whole
+        // server's page tables): move it to an fd of its own, and give stdout what stderr has.
+        // SAFETY: fcntl and dup2 on the standard fds of this process.
+        let moved = unsafe { libc::fcntl(libc::STDOUT_FILENO, libc::F_DUPFD_CLOEXEC, 3) };
+        // SAFETY: as above.
+        if moved < 0 || unsafe { libc::dup2(libc::STDERR_FILENO, libc::STDOUT_FILENO) } < 0 {
+            eprintln!(
+                "move the status pipe off stdout: {}",
+                std::io::Error::last_os_error()
+            );
+            return Detached::Failed;
+        }
+        moved
+    } else {
+        status_fd
+    };
     // SAFETY: the runtime handed us this fd (the write end of its status pipe); we own it from here on.
     let status = unsafe { OwnedFd::from_raw_fd(status_fd) };
     // Keep it from leaking into the sandbox's init.
     // SAFETY: fcntl on an fd we own.
     unsafe { libc::fcntl(status.as_raw_fd(), libc::F_SETFD, libc::FD_CLOEXEC) };
-    // Detach: the runtime reaps this first process at once; the second one is reparented to init.
     // SAFETY: the supervisor is single-threaded here, so the child may do anything after fork.
     match unsafe { fork() } {
-        Ok(ForkResult::Parent { .. }) => return 0,
-        Ok(ForkResult::Child) => {}
+        Ok(ForkResult::Parent { .. }) => Detached::Parent,
+        Ok(ForkResult::Child) => {
+            let _ = nix::unistd::setsid();
+            Detached::Child(status)
+        }
         Err(e) => {
             report(&status, &format!("err fork supervisor: {e}"));
-            return 1;
+            Detached::Failed
         }
     }
-    let _ = nix::unistd::setsid();
+}
+
+/// Points stdin at /dev/null and stdout and stderr at `supervisor.log` beside `config_path`.
+fn redirect_to_log(config_path: &Path) -> Result<(), String> {
+    let dir = config_path
+        .parent()
+        .ok_or_else(|| format!("no directory in {}", config_path.display()))?;
+    let log_path = dir.join("supervisor.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .map_err(|e| format!("open {}: {e}", log_path.display()))?;
+    let null = std::fs::File::open("/dev/null").map_err(|e| format!("open /dev/null: {e}"))?;
+    for (from, to) in [
+        (null.as_raw_fd(), 0),
+        (log.as_raw_fd(), 1),
+        (log.as_raw_fd(), 2),
+    ] {
+        // SAFETY: dup2 between fds this process owns; the standard fds are replaced, not leaked.
+        if unsafe { libc::dup2(from, to) } < 0 {
+            return Err(format!(
+                "redirect fd {to}: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The supervisor's work once detached: read the configuration, start the sandbox, report, then
+/// wait for the init as a small image.
+fn serve(status: OwnedFd, config_path: &Path, netns: Option<std::fs::File>) -> i32 {
     let config = match SupervisorConfig::read(config_path) {
         Ok(config) => config,
         Err(e) => {
@@ -41,9 +143,15 @@ pub fn run_supervisor(config_path: &Path, status_fd: i32) -> i32 {
             return 1;
         }
     };
-    match start_sandbox(&config) {
+    match start_sandbox(&config, netns) {
         Ok((init_pid, transfer)) => {
-            report(&status, &format!("ok {init_pid} {}", std::process::id()));
+            if !report(&status, &format!("ok {init_pid} {}", std::process::id())) {
+                // Nobody reads the report: the runtime that asked for this sandbox is gone (killed
+                // mid-create) or gave up waiting, so no record will ever name it. End it rather than
+                // leave a sandbox only a leftover sweep could find.
+                end_tree(init_pid, transfer, &config.sandbox_dir);
+                return 1;
+            }
             drop(status);
             if let Some(transfer) = transfer {
                 if let Some(code) = see_transfer_through(transfer, init_pid, &config.sandbox_dir) {
@@ -73,12 +181,14 @@ pub(super) fn phase(name: &str) {
     eprintln!("[{:>8.2} ms] {name}", elapsed);
 }
 
-fn report(status: &OwnedFd, line: &str) {
+/// Writes `line` to the status pipe; false when nobody can read it any more (the read end is closed).
+fn report(status: &OwnedFd, line: &str) -> bool {
     let bytes = format!("{}\n", line.replace('\n', " "));
     // SAFETY: write(2) from a valid buffer to an fd we own. A short write of one small line to a pipe
-    // does not happen (PIPE_BUF); a failure means the runtime is gone and nobody listens.
-    let _ = unsafe { libc::write(status.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
+    // does not happen (PIPE_BUF). SIGPIPE is ignored in Rust programs, so a closed read end is EPIPE.
+    let written = unsafe { libc::write(status.as_raw_fd(), bytes.as_ptr().cast(), bytes.len()) };
     eprintln!("{line}");
+    written == bytes.len() as isize
 }
 
 pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
@@ -90,10 +200,13 @@ pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
 /// The init is forked first so that its first write to `cgroup.procs`, which waits out a kernel RCU
 /// grace period (about 11 ms here, whatever the hierarchy), overlaps the network set-up instead of
 /// following it. The init then waits on `go` until the network is wired and joins it.
-fn start_sandbox(config: &SupervisorConfig) -> Result<(u32, Option<LazyTransfer>), String> {
+fn start_sandbox(
+    config: &SupervisorConfig,
+    netns: Option<std::fs::File>,
+) -> Result<(u32, Option<LazyTransfer>), String> {
     phase("config read");
     if let Some(plan) = &config.restore {
-        setup_network(config).map_err(|e| format!("network: {e}"))?;
+        setup_network(config, netns).map_err(|e| format!("network: {e}"))?;
         phase("network wired");
         return restore_sandbox(config, plan);
     }
@@ -116,7 +229,7 @@ fn start_sandbox(config: &SupervisorConfig) -> Result<(u32, Option<LazyTransfer>
         Ok(ForkResult::Parent { child }) => {
             drop(error_write);
             drop(go_read);
-            if let Err(e) = setup_network(config) {
+            if let Err(e) = setup_network(config, netns) {
                 // Closing `go` unsent tells the init to give up.
                 drop(go_write);
                 let _ = waitpid(child, None);
@@ -257,11 +370,17 @@ fn see_transfer_through(
     }
 }
 
-fn setup_network(config: &SupervisorConfig) -> Result<(), String> {
+/// Pins the sandbox's network namespace (`made`, one made ahead, or a new one), wires its veth to
+/// the bridge and configures its side.
+fn setup_network(config: &SupervisorConfig, made: Option<std::fs::File>) -> Result<(), String> {
     let plan = &config.network;
     std::fs::write(&config.netns_pin, b"")
         .map_err(|e| format!("netns pin {}: {e}", config.netns_pin.display()))?;
-    let netns = namespaces::create_pinned_netns(&config.netns_pin).map_err(|e| error_chain(&e))?;
+    let netns = match made {
+        Some(netns) => namespaces::pin_netns(&netns, &config.netns_pin).map(|()| netns),
+        None => namespaces::create_pinned_netns(&config.netns_pin),
+    }
+    .map_err(|e| error_chain(&e))?;
     phase("netns pinned");
     let host = plan.host_veth();
     netlink::run(async {
