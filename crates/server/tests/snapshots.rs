@@ -586,3 +586,31 @@ async fn the_openapi_document_describes_fork_and_snapshots() {
     }
     assert!(doc["components"]["schemas"]["SnapshotInfo"].is_object());
 }
+
+/// Deleting a running-state template lets the runtime drop what it cached to start copies of the
+/// template's checkpoint (its seeded layer, its unpacked images) before the checkpoint goes.
+#[tokio::test]
+async fn deleting_a_running_state_template_forgets_its_checkpoint() {
+    let h = Harness::start(true, |_| {}).await;
+    support::running_state_template(&h, "wt-running-gone").await;
+    let versions =
+        warren_server::templates::builder::versions::TemplateVersions::new(h.server.state_dir());
+    let checkpoints = versions.checkpoints("wt-running-gone").unwrap();
+    assert_eq!(checkpoints.len(), 1, "{checkpoints:?}");
+    assert!(h.runtime.recorded.lock().unwrap().forgotten.is_empty());
+
+    let answer = h
+        .api(Method::DELETE, "/templates/wt-running-gone", None)
+        .await;
+    assert!(
+        answer.status.is_success(),
+        "{}: {}",
+        answer.status,
+        String::from_utf8_lossy(&answer.body)
+    );
+    assert_eq!(h.runtime.recorded.lock().unwrap().forgotten, checkpoints);
+    assert!(
+        !checkpoints[0].exists(),
+        "the checkpoint outlived its template"
+    );
+}

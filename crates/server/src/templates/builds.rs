@@ -808,6 +808,16 @@ impl TemplateBuilds {
                 template.id
             )));
         }
+        if live == 0 || force {
+            // Before the files go: the runtime finds what it cached (a seeded layer, unpacked
+            // images) from the checkpoint's manifest.
+            let checkpoints = self
+                .service
+                .versions()
+                .checkpoints(&template.id)
+                .unwrap_or_default();
+            self.service.forget_checkpoints(checkpoints).await;
+        }
         match self.service.versions().delete(&template.id, live, force) {
             Err(VersionError::InUse { .. }) => {
                 return Err(BuildsError::Conflict(format!(

@@ -256,6 +256,21 @@ impl BuildService {
         TemplateVersions::new(&self.settings.state_dir)
     }
 
+    /// Lets the runtime drop what it cached to start copies of these checkpoints (they are about to
+    /// be deleted with their template), off the async threads.
+    pub async fn forget_checkpoints(&self, checkpoints: Vec<std::path::PathBuf>) {
+        if checkpoints.is_empty() {
+            return;
+        }
+        let runtime = Arc::clone(&self.runtime);
+        let _ = tokio::task::spawn_blocking(move || {
+            for checkpoint in &checkpoints {
+                runtime.forget_checkpoint(checkpoint);
+            }
+        })
+        .await;
+    }
+
     /// The plan for an SDK `POST /v2/templates/{id}/builds/{buildID}` body.
     pub fn plan_sdk(
         &self,

@@ -209,6 +209,18 @@ impl TemplateVersions {
         Ok(ids)
     }
 
+    /// The checkpoints the builds of `template_id` left (running-state templates).
+    pub fn checkpoints(&self, template_id: &str) -> Result<Vec<PathBuf>, VersionError> {
+        Ok(self
+            .list(template_id)?
+            .into_iter()
+            .filter_map(|built| match built.start {
+                TemplateStart::Checkpoint { dir } => Some(dir),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// Deletes every build of `template_id`. `sandboxes_in_use` is how many live sandboxes the server
     /// counts on it: refused unless zero or `force`. Their layers stay until [`Self::prune_layers`].
     pub fn delete(
