@@ -92,38 +92,47 @@ impl Netlink {
             .ok_or_else(|| NetlinkError::NoLink(name.to_string()))
     }
 
-    /// Creates bridge `name` with MAC `mac` and `address/prefix` and brings it up, unless it exists
-    /// (then makes sure it has that MAC and address and is up). Returns its index.
+    /// Creates bridge `name` with MAC `mac` and brings it up, unless it exists (then makes sure it
+    /// has that MAC and is up). Returns its index. Its address: [`Self::ensure_address`].
     ///
     /// The MAC is set, not left to the kernel: a bridge without one of its own takes the lowest
     /// MAC among its ports, so it changed whenever a sandbox came or went, and every other sandbox's
     /// cached gateway MAC went stale; their packets to the host were lost until the neighbour entry
     /// was probed again (seconds, and with TCP's backoff on top, up to minutes of silence).
-    pub async fn ensure_bridge(
-        &self,
-        name: &str,
-        mac: [u8; 6],
-        address: Ipv4Addr,
-        prefix: u8,
-    ) -> Result<u32, NetlinkError> {
-        if self.link_index(name).await?.is_none() {
-            match self
-                .handle
-                .link()
-                .add()
-                .bridge(name.to_string())
-                .address(mac.to_vec())
-                .execute()
-                .await
-            {
-                Ok(()) => {}
-                // Another supervisor made it first.
-                Err(e) if errno(&e) == libc::EEXIST => {}
-                Err(e) => return Err(Self::request(format!("create bridge {name}"))(e)),
+    pub async fn ensure_bridge(&self, name: &str, mac: [u8; 6]) -> Result<u32, NetlinkError> {
+        // One lookup in the usual case (the bridge is there, with its MAC, up): every create asks.
+        let existing = self.link(name).await?;
+        let link = match existing {
+            Some(link) => link,
+            None => {
+                match self
+                    .handle
+                    .link()
+                    .add()
+                    .bridge(name.to_string())
+                    .address(mac.to_vec())
+                    .execute()
+                    .await
+                {
+                    Ok(()) => {}
+                    // Another supervisor made it first.
+                    Err(e) if errno(&e) == libc::EEXIST => {}
+                    Err(e) => return Err(Self::request(format!("create bridge {name}"))(e)),
+                }
+                self.link(name)
+                    .await?
+                    .ok_or_else(|| NetlinkError::NoLink(name.to_string()))?
             }
-        }
-        let (index, current) = self.link_index_and_mac(name).await?;
-        if current.as_deref() != Some(&mac[..]) {
+        };
+        let index = link.header.index;
+        let current = link
+            .attributes
+            .iter()
+            .find_map(|attribute| match attribute {
+                netlink_packet_route::link::LinkAttribute::Address(mac) => Some(mac.as_slice()),
+                _ => None,
+            });
+        if current != Some(&mac[..]) {
             self.handle
                 .link()
                 .set(index)
@@ -132,6 +141,24 @@ impl Netlink {
                 .await
                 .map_err(Self::request(format!("set the MAC of {name}")))?;
         }
+        let up = link
+            .header
+            .flags
+            .contains(&netlink_packet_route::link::LinkFlag::Up);
+        if !up {
+            self.set_up(index, name).await?;
+        }
+        Ok(index)
+    }
+
+    /// Gives link `index` (named `name`) `address/prefix` unless it has it already.
+    pub async fn ensure_address(
+        &self,
+        index: u32,
+        name: &str,
+        address: Ipv4Addr,
+        prefix: u8,
+    ) -> Result<(), NetlinkError> {
         match self
             .handle
             .address()
@@ -139,34 +166,15 @@ impl Netlink {
             .execute()
             .await
         {
-            Ok(()) => {}
-            Err(e) if errno(&e) == libc::EEXIST => {}
-            Err(e) => {
-                return Err(Self::request(format!("add {address}/{prefix} to {name}"))(
-                    e,
-                ))
-            }
+            Ok(()) => Ok(()),
+            Err(e) if errno(&e) == libc::EEXIST => Ok(()),
+            Err(e) => Err(Self::request(format!("add {address}/{prefix} to {name}"))(
+                e,
+            )),
         }
-        self.set_up(index, name).await?;
-        Ok(index)
     }
 
     /// The index and MAC of link `name`, which must exist.
-    async fn link_index_and_mac(&self, name: &str) -> Result<(u32, Option<Vec<u8>>), NetlinkError> {
-        let link = self
-            .link(name)
-            .await?
-            .ok_or_else(|| NetlinkError::NoLink(name.to_string()))?;
-        let mac = link
-            .attributes
-            .iter()
-            .find_map(|attribute| match attribute {
-                netlink_packet_route::link::LinkAttribute::Address(mac) => Some(mac.clone()),
-                _ => None,
-            });
-        Ok((link.header.index, mac))
-    }
-
     pub async fn set_up(&self, index: u32, name: &str) -> Result<(), NetlinkError> {
         self.handle
             .link()
@@ -215,7 +223,7 @@ impl Netlink {
         bridge_index: u32,
         sandbox_mac: [u8; 6],
         held_down: bool,
-    ) -> Result<u32, NetlinkError> {
+    ) -> Result<(), NetlinkError> {
         use netlink_packet_route::link::{InfoData, InfoVeth, LinkAttribute, LinkInfo};
         // rtnetlink's veth(a, b) makes b the request's main link (here: the host side, created in this
         // namespace) and a its peer, which gets the sandbox namespace's fd.
@@ -235,18 +243,27 @@ impl Netlink {
                 }
             }
         }
+        // The host side is made attached to the bridge in the same request (the kernel sets a new
+        // link's controller as it creates it; it does not apply the up flag there, seen on 6.18),
+        // then brought up by name: two round trips instead of a lookup and a set besides.
+        request
+            .message_mut()
+            .attributes
+            .push(LinkAttribute::Controller(bridge_index));
         request
             .execute()
             .await
-            .map_err(Self::request(format!("create veth {host}")))?;
-        let index = self.require_index(host).await?;
-        let attach = self.handle.link().set(index).controller(bridge_index);
-        let attach = if held_down { attach } else { attach.up() };
-        attach
-            .execute()
+            .map_err(Self::request(format!("create veth {host} on the bridge")))?;
+        if held_down {
+            return Ok(());
+        }
+        let mut up = self.handle.link().set(0).up();
+        up.message_mut()
+            .attributes
+            .push(LinkAttribute::IfName(host.to_string()));
+        up.execute()
             .await
-            .map_err(Self::request(format!("attach {host} to the bridge")))?;
-        Ok(index)
+            .map_err(Self::request(format!("set {host} up")))
     }
 
     /// Inside the sandbox's namespace: gives `eth0` `address/prefix`, brings it and `lo` up and routes
@@ -257,16 +274,18 @@ impl Netlink {
         prefix: u8,
         gateway: Ipv4Addr,
     ) -> Result<(), NetlinkError> {
-        let index = self.require_index("eth0").await?;
+        // A fresh namespace: `lo` (always index 1, LOOPBACK_IFINDEX) is down, `eth0` has nothing.
+        // Every request takes the kernel's RTNL lock, so sending them at once would not overlap.
+        const LOOPBACK_INDEX: u32 = 1;
+        let eth0 = self.require_index("eth0").await?;
         self.handle
             .address()
-            .add(index, IpAddr::V4(address), prefix)
+            .add(eth0, IpAddr::V4(address), prefix)
             .execute()
             .await
             .map_err(Self::request(format!("add {address}/{prefix} to eth0")))?;
-        self.set_up(index, "eth0").await?;
-        let lo = self.require_index("lo").await?;
-        self.set_up(lo, "lo").await?;
+        self.set_up(LOOPBACK_INDEX, "lo").await?;
+        self.set_up(eth0, "eth0").await?;
         self.handle
             .route()
             .add()

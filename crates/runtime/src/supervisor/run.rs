@@ -383,10 +383,15 @@ fn setup_network(config: &SupervisorConfig, made: Option<std::fs::File>) -> Resu
     .map_err(|e| error_chain(&e))?;
     phase("netns pinned");
     let host = plan.host_veth();
+    // One netlink runtime for both sides: the sandbox side's socket is opened after this thread
+    // has joined the sandbox's namespace.
     netlink::run(async {
         let host_side = Netlink::connect()?;
         let bridge = host_side
-            .ensure_bridge(&plan.bridge, plan.gateway_mac(), plan.gateway, plan.prefix)
+            .ensure_bridge(&plan.bridge, plan.gateway_mac())
+            .await?;
+        host_side
+            .ensure_address(bridge, &plan.bridge, plan.gateway, plan.prefix)
             .await?;
         host_side
             .create_veth_into(
@@ -396,19 +401,21 @@ fn setup_network(config: &SupervisorConfig, made: Option<std::fs::File>) -> Resu
                 plan.sandbox_mac(),
                 config.restore.is_some(),
             )
-            .await
-    })
-    .map_err(|e| error_chain(&e))?;
-    phase("veth pair made");
-    namespaces::join(&netns, &config.netns_pin, CloneFlags::CLONE_NEWNET)
-        .map_err(|e| error_chain(&e))?;
-    set_sandbox_sysctls()?;
-    netlink::run(async {
+            .await?;
+        phase("veth pair made");
+        // Failures here are not netlink's: they come back as the inner error.
+        if let Err(e) = namespaces::join(&netns, &config.netns_pin, CloneFlags::CLONE_NEWNET) {
+            return Ok(Err(error_chain(&e)));
+        }
+        if let Err(e) = set_sandbox_sysctls() {
+            return Ok(Err(e));
+        }
         Netlink::connect()?
             .configure_sandbox_side(plan.ip, plan.prefix, plan.gateway)
             .await
+            .map(Ok)
     })
-    .map_err(|e| error_chain(&e))?;
+    .map_err(|e| error_chain(&e))??;
     Ok(())
 }
 
