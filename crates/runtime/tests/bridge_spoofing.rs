@@ -682,6 +682,23 @@ fn ping_needs_no_raw_sockets_and_raw_sockets_need_the_option() {
     );
 }
 
+/// Loads `script` with `nft -f -` in the caller's network namespace.
+fn nft_load(script: &str) {
+    use std::io::Write;
+    let mut child = Command::new("nft")
+        .args(["-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft -f {script}");
+}
+
 /// The ruleset of a Warren before port binding (no version marker), as main installed it.
 const FIRST_RULESET: &str = r#"table ip warren {
     set internet { type ipv4_addr; }
@@ -710,22 +727,7 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
     }
     let listing = std::thread::spawn(|| {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("own network namespace");
-        let load = |script: &str| {
-            use std::io::Write;
-            let mut child = Command::new("nft")
-                .args(["-f", "-"])
-                .stdin(std::process::Stdio::piped())
-                .spawn()
-                .unwrap();
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(script.as_bytes())
-                .unwrap();
-            assert!(child.wait().unwrap().success(), "nft -f {script}");
-        };
-        load(FIRST_RULESET);
+        nft_load(FIRST_RULESET);
         let (ok, out) = host_command(
             "ip",
             &[
@@ -747,7 +749,9 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
         assert!(replaced, "an older ruleset was not reported replaced");
         let first = host_command("nft", &["list", "ruleset"]).1;
         // Current already: left alone (an element added now survives a second call).
-        load("add element bridge warren ports { \"wv-9-7\" . 02:77:0a:4d:09:07 . 10.77.9.7 }\n");
+        nft_load(
+            "add element bridge warren ports { \"wv-9-7\" . 02:77:0a:4d:09:07 . 10.77.9.7 }\n",
+        );
         let replaced =
             warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
                 .expect("keep the ruleset");
@@ -772,6 +776,66 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
     assert!(
         second.contains("\"wv-9-7\""),
         "a current ruleset was replaced: {second}"
+    );
+}
+
+/// Tables of the current version built for other host networks (the host's resolvers or routes
+/// changed since) are replaced, and the sandboxes' egress elements go over into the new ones: no
+/// sandbox runs without its address or name rules while a restarted server starts. Runs in a
+/// network namespace of its own, so the host's tables are never touched.
+#[test]
+fn a_ruleset_for_other_host_networks_is_replaced_keeping_egress_rules() {
+    if !nix::unistd::geteuid().is_root() {
+        println!("SKIP: the runtime tests need root");
+        return;
+    }
+    use warren_runtime::network::firewall::{ensure_ruleset, ruleset, HostNetworks};
+    let gateway = Ipv4Addr::new(10, 77, 0, 1);
+    let (replaced, listing) = std::thread::spawn(move || {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("own network namespace");
+        // A resolver no host here has: the digest differs from what this host's probe gives.
+        let elsewhere = HostNetworks {
+            resolvers: vec![Ipv4Addr::new(192, 0, 2, 53)],
+            connected: Vec::new(),
+        };
+        let proxy = std::net::SocketAddrV4::new(gateway, 49090);
+        nft_load(&ruleset("warren0", "10.77.0.0/16", &elsewhere, proxy));
+        nft_load(concat!(
+            "add element ip warren egress_deny { 10.77.9.5 . 198.18.0.0/15, 10.77.9.6 . 198.18.0.7 }\n",
+            "add element ip warren egress_allow { 10.77.9.6 . 198.19.0.0/16 }\n",
+            "add element ip warren names_headers { 10.77.9.5 }\n",
+        ));
+        let replaced = ensure_ruleset("warren0", gateway, 16, 49090).expect("replace the ruleset");
+        (replaced, host_command("nft", &["list", "table", "ip", "warren"]).1)
+    })
+    .join()
+    .expect("namespace thread");
+    assert!(
+        replaced,
+        "tables for other host networks were kept: {listing}"
+    );
+    assert!(
+        !listing.contains("192.0.2.53"),
+        "the old tables are still there: {listing}"
+    );
+    for element in [
+        "10.77.9.5 . 198.18.0.0/15",
+        "10.77.9.6 . 198.18.0.7",
+        "10.77.9.6 . 198.19.0.0/16",
+    ] {
+        assert!(listing.contains(element), "{element} lost: {listing}");
+    }
+    let headers = listing
+        .split("set names_headers {")
+        .nth(1)
+        .expect("set names_headers");
+    assert!(
+        headers
+            .split('}')
+            .next()
+            .unwrap_or("")
+            .contains("10.77.9.5"),
+        "names_headers element lost: {listing}"
     );
 }
 

@@ -355,6 +355,17 @@ pub fn ensure_ruleset(
             list.join(", ")
         ));
     }
+    // Tables of this same version under another host digest (the host's resolvers or networks
+    // changed): the sets are the same, so the sandboxes' egress elements go over as they are and
+    // no sandbox runs without its rules while the server starts. Another version's are not
+    // carried: the runtime reports the replacement and the server installs them again.
+    if ip_table.as_deref().and_then(listed_version) == Some(RULESET_VERSION) {
+        for set in EGRESS_SETS {
+            if let Some(elements) = ip_table.as_deref().and_then(|t| listed_elements(t, set)) {
+                script.push_str(&format!("add element ip {TABLE} {set} {{ {elements} }}\n"));
+            }
+        }
+    }
     let ports = enrolled_ports(host_port_names()?, bridge, network, prefix);
     if !ports.is_empty() {
         let list: Vec<String> = ports.iter().map(port_element).collect();
@@ -389,29 +400,66 @@ impl RulesetLock {
 
 /// Addresses in set `internet` of a listed `ip warren` table.
 fn listed_internet(table: &str) -> Vec<Ipv4Addr> {
-    let Some(start) = table.find("set internet {") else {
-        return Vec::new();
-    };
-    let body = &table[start + "set internet ".len()..];
+    set_body(table, "internet")
+        .unwrap_or_default()
+        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .filter_map(|word| word.parse().ok())
+        .collect()
+}
+
+/// The sets of the `ip` table that hold sandboxes' egress rules (address and name rules), carried
+/// over when tables of the same version are replaced.
+const EGRESS_SETS: [&str; 6] = [
+    "egress_allow",
+    "egress_deny",
+    "names_allow",
+    "names_deny",
+    "names_headers",
+    "names_upstream",
+];
+
+/// The ruleset version in a listed table's marker comment (`warren ruleset N <digest>`).
+fn listed_version(table: &str) -> Option<u32> {
+    let rest = &table[table.find("warren ruleset ")? + "warren ruleset ".len()..];
+    rest.split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+/// The elements of set `name` in a listed table, as nft prints them (which it also reads back), on
+/// one line; None when the set is missing or empty.
+fn listed_elements(table: &str, name: &str) -> Option<String> {
+    let body = set_body(table, name)?;
+    let start = body.find("elements = {")? + "elements = ".len();
+    let elements = enclosed(&body[start..])?;
+    let line = elements.split_whitespace().collect::<Vec<_>>().join(" ");
+    (!line.is_empty()).then_some(line)
+}
+
+/// What is between the braces of `set <name> { ... }` in a listed table.
+fn set_body<'a>(table: &'a str, name: &str) -> Option<&'a str> {
+    let header = format!("set {name} {{");
+    let start = table.find(&header)? + header.len() - 1;
+    enclosed(&table[start..])
+}
+
+/// The text inside the brace `text` starts with, up to its matching closing brace.
+fn enclosed(text: &str) -> Option<&str> {
     let mut depth = 0usize;
-    let mut end = body.len();
-    for (i, c) in body.char_indices() {
+    for (i, c) in text.char_indices() {
         match c {
             '{' => depth += 1,
             '}' => {
-                depth -= 1;
+                depth = depth.checked_sub(1)?;
                 if depth == 0 {
-                    end = i;
-                    break;
+                    return Some(&text[1..i]);
                 }
             }
             _ => {}
         }
     }
-    body[..end]
-        .split(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .filter_map(|word| word.parse().ok())
-        .collect()
+    None
 }
 
 /// Names of the links in this network namespace that look like sandbox ports. Asked through
@@ -1002,6 +1050,19 @@ mod tests {
             listed_internet("table ip warren {\n\tset internet {\n\t\ttype ipv4_addr\n\t}\n}")
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn egress_elements_and_the_version_are_read_from_a_listing() {
+        let listing = "table ip warren {\n\tcomment \"warren ruleset 6 0a1b2c3d4e5f\"\n\tset egress_deny {\n\t\ttype ipv4_addr . ipv4_addr\n\t\tflags interval\n\t\telements = { 10.77.0.5 . 198.18.0.0/15,\n\t\t\t     10.77.0.6 . 198.18.0.7 }\n\t}\n\tset egress_allow {\n\t\ttype ipv4_addr . ipv4_addr\n\t\tflags interval\n\t}\n}\n";
+        assert_eq!(listed_version(listing), Some(6));
+        assert_eq!(
+            listed_elements(listing, "egress_deny").as_deref(),
+            Some("10.77.0.5 . 198.18.0.0/15, 10.77.0.6 . 198.18.0.7")
+        );
+        assert_eq!(listed_elements(listing, "egress_allow"), None);
+        assert_eq!(listed_elements(listing, "names_deny"), None);
+        assert_eq!(listed_version("table ip warren {\n}"), None);
     }
 
     #[test]
