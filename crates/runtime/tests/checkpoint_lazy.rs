@@ -41,11 +41,8 @@ while True:
 
 fn runtime(name: &str, lazy: bool) -> common::TestRuntime {
     let config = LinuxRuntimeConfig {
-        state_dir: common::state_dir(name),
-        agent_binary: common::test_agent(),
-        supervisor_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_warren-supervisor"))),
         lazy_restore: lazy,
-        ..LinuxRuntimeConfig::default()
+        ..common::config(name)
     };
     common::TestRuntime::from(LinuxRuntime::new(config).expect("runtime"))
 }

@@ -6,18 +6,14 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime};
 
 fn runtime_with_standbys(name: &str, standbys: usize) -> common::TestRuntime {
     let config = LinuxRuntimeConfig {
-        state_dir: common::state_dir(name),
-        agent_binary: common::test_agent(),
-        supervisor_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_warren-supervisor"))),
         standby_supervisors: standbys,
-        ..LinuxRuntimeConfig::default()
+        ..common::config(name)
     };
     LinuxRuntime::new(config).expect("runtime").into()
 }

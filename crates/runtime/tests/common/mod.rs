@@ -94,14 +94,18 @@ impl Drop for TestRuntime {
     }
 }
 
-pub fn runtime(name: &str) -> TestRuntime {
-    let config = LinuxRuntimeConfig {
+/// The configuration of a test runtime on a private state dir, for tests that change a setting.
+pub fn config(name: &str) -> LinuxRuntimeConfig {
+    LinuxRuntimeConfig {
         state_dir: state_dir(name),
         agent_binary: test_agent(),
         supervisor_binary: Some(PathBuf::from(env!("CARGO_BIN_EXE_warren-supervisor"))),
         ..LinuxRuntimeConfig::default()
-    };
-    TestRuntime(LinuxRuntime::new(config).expect("runtime"))
+    }
+}
+
+pub fn runtime(name: &str) -> TestRuntime {
+    TestRuntime(LinuxRuntime::new(config(name)).expect("runtime"))
 }
 
 pub fn resources() -> Resources {
