@@ -244,15 +244,16 @@ pub struct UpArgs {
     #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
     pub no_lazy_restore: bool,
     /// Sandbox supervisors kept started ahead of need, so that a create does not wait for one to
-    /// start (about 3 ms of a create here); 0 starts one per create. Each is an idle process that
-    /// holds nothing until it is handed a sandbox, and exits when the server does.
+    /// start (about 2 ms of a create here); 0 starts one per create, at most 64. Each is an idle
+    /// process that holds nothing until it is handed a sandbox, and exits when the server does.
     #[arg(
         long,
         env = "WARREN_STANDBY_SUPERVISORS",
         default_value_t = 2,
-        value_name = "N"
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(0..=64)
     )]
-    pub standby_supervisors: usize,
+    pub standby_supervisors: u16,
     /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
     /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
     /// sandbox, decides where an allowed name's connection goes (docs/network.md).
@@ -867,6 +868,38 @@ mod tests {
         assert_eq!(parse_warm_pool("a=b=2"), Ok(("a=b".to_string(), 2)));
         for bad in ["my-app", "=2", "my-app=x", "my-app=-1", "my-app=65"] {
             assert!(parse_warm_pool(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn standby_supervisors_default_to_two_and_stop_at_sixty_four() {
+        let standbys = |args: &[&str]| {
+            let mut all = vec!["up"];
+            all.extend_from_slice(args);
+            parse(&all).map(|cli| match cli.command {
+                Command::Up(up) => up.standby_supervisors,
+                other => panic!("wrong command: {other:?}"),
+            })
+        };
+        assert_eq!(standbys(&[]).expect("parses"), 2);
+        assert_eq!(
+            standbys(&["--standby-supervisors", "0"]).expect("parses"),
+            0
+        );
+        assert_eq!(
+            standbys(&["--standby-supervisors", "64"]).expect("parses"),
+            64
+        );
+        for bad in [
+            "--standby-supervisors=65",
+            "--standby-supervisors=-1",
+            "--standby-supervisors=many",
+        ] {
+            let error = standbys(&[bad]).expect_err(bad);
+            assert!(
+                error.to_string().contains("--standby-supervisors"),
+                "{error}"
+            );
         }
     }
 }

@@ -128,7 +128,7 @@ fn server_config(
     config.expedite_rcu = !args.keep_rcu_normal;
     config.no_new_privs = args.no_new_privs;
     config.lazy_restore = !args.no_lazy_restore;
-    config.standby_supervisors = args.standby_supervisors;
+    config.standby_supervisors = usize::from(args.standby_supervisors);
     config.egress_upstream_ca = args.egress_upstream_ca.clone();
     config.secrets_key_file = args.secrets_key_file.clone();
     config.warm_pools = args.warm_pool.clone();
