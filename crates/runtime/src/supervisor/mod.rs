@@ -11,9 +11,6 @@ pub mod deadline;
 mod init;
 mod run;
 pub mod standby;
-pub fn tmp_phase(n: &str) {
-    run::phase(n)
-}
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -238,12 +235,8 @@ pub fn launch(
         binary: binary.to_path_buf(),
         source,
     })?;
-    let line = read_report(read_end, timeout)?;
+    let line = read_line_within(&read_end, timeout)?;
     parse_report(&line)
-}
-
-fn read_report(read_end: OwnedFd, timeout: Duration) -> Result<String, SupervisorError> {
-    read_line_within(&read_end, timeout)
 }
 
 /// Reads one line (up to its newline, or end of input: then what came, possibly nothing) from the
