@@ -457,7 +457,15 @@ def check_after_restart(warren: Warren, model: Model, known_ids: set[str]) -> di
     try:
         wait_until("no criu dump runs", lambda: not dumps(), limit=10)
     except AssertionError:
-        detail = [(pid, Path(f"/proc/{pid}/stat").read_text(errors="replace")[:120]) for pid, _ in dumps()]
+        def describe(pid, cmd):
+            try:
+                wchan = Path(f"/proc/{pid}/wchan").read_text(errors="replace")
+                stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")[:120]
+            except OSError as error:
+                wchan, stat = "", str(error)
+            return (pid, stat, f"wchan={wchan}", cmd[:300])
+
+        detail = [describe(pid, cmd) for pid, cmd in dumps()]
         raise AssertionError(f"a criu dump still runs 10 s after the restart: {detail}") from None
 
     # Running sandboxes answer; paused ones resume with their memory.

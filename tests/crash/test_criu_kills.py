@@ -100,6 +100,12 @@ def test_criu_killed_mid_dump_leaves_the_sandbox_paused_in_memory(warren):
         assert row["state"] == "paused" and row["pause_kind"] in ("freeze", "checkpoint"), row
         if killed is not None and row["pause_kind"] == "freeze":
             landed += 1
+        # Whatever CRIU forked before it was killed (namespace dumpers, sysctl workers) ends with it.
+        harness.wait_until(
+            "no criu dump is left once the pause answered",
+            lambda: not [p for p in harness.processes_mentioning(" dump --tree ") if "criu" in p[1]],
+            limit=5,
+        )
         _no_checkpoint_debris(warren)
         status, body = warren.api("POST", f"/sandboxes/{sandbox_id}/connect", {"timeout": 600})
         assert status == 201, (status, body)

@@ -11,7 +11,7 @@ use std::ffi::OsString;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 
 use super::CheckpointError;
 
@@ -214,7 +214,19 @@ impl Criu {
                 Ok(())
             });
         }
-        run(command, "dump", args.log)
+        // CRIU forks helpers of its own while it dumps (namespace dumpers, sysctl workers); one
+        // whose parent was killed mid-dump was seen asleep for good. The dump leads a process group
+        // that is ended with it.
+        command.process_group(0);
+        let mut child = command.spawn().map_err(|source| CheckpointError::Io {
+            context: "start criu dump".into(),
+            source,
+        })?;
+        let status = wait_ending_group(&mut child).map_err(|source| CheckpointError::Io {
+            context: "wait for criu dump".into(),
+            source,
+        })?;
+        outcome(status, "dump", args.log)
     }
 
     /// Restores the images into fresh pid/mount/uts/ipc/cgroup namespaces, in the given network namespace and
@@ -427,6 +439,36 @@ fn run(mut command: Command, action: &'static str, log: &Path) -> Result<(), Che
         context: format!("start criu {action}"),
         source,
     })?;
+    outcome(status, action, log)
+}
+
+/// Waits for `child`, which leads a process group of its own, to exit, then kills whatever else is
+/// still in that group before reaping it (the unreaped leader keeps the group's id from being
+/// reused), and returns its exit status.
+fn wait_ending_group(child: &mut Child) -> std::io::Result<ExitStatus> {
+    let pid = child.id();
+    loop {
+        // SAFETY: siginfo_t is plain data and waitid only writes into it.
+        let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+        // SAFETY: waitid on our own child with WNOWAIT leaves it to be reaped by `child.wait`.
+        let waited =
+            unsafe { libc::waitid(libc::P_PID, pid, &mut info, libc::WEXITED | libc::WNOWAIT) };
+        if waited == 0 {
+            break;
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(error);
+        }
+    }
+    // The group id is the leader's pid, which fits a pid_t.
+    let group = libc::pid_t::try_from(pid).map_err(std::io::Error::other)?;
+    // SAFETY: killpg has no memory-safety preconditions; the group is the exited leader's own.
+    unsafe { libc::killpg(group, libc::SIGKILL) };
+    child.wait()
+}
+
+fn outcome(status: ExitStatus, action: &'static str, log: &Path) -> Result<(), CheckpointError> {
     if status.success() {
         return Ok(());
     }
@@ -456,6 +498,36 @@ pub fn log_errors(log: &Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_helper_the_dump_leaves_behind_ends_with_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let pid_file = dir.path().join("helper.pid");
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!(
+                "sleep 300 </dev/null >/dev/null 2>&1 & echo $! > {}; exit 3",
+                pid_file.display()
+            ))
+            .process_group(0);
+        let mut child = command.spawn().unwrap();
+        let status = wait_ending_group(&mut child).unwrap();
+        assert_eq!(status.code(), Some(3));
+        let helper = std::fs::read_to_string(&pid_file).unwrap();
+        let helper = helper.trim();
+        // Killed: gone, or a zombie its new parent has not reaped yet.
+        let state = std::fs::read_to_string(format!("/proc/{helper}/stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.rsplit_once(") ")
+                    .and_then(|(_, rest)| rest.chars().next())
+            });
+        assert!(
+            matches!(state, None | Some('Z') | Some('X')),
+            "helper {helper} still runs in state {state:?}"
+        );
+    }
 
     #[test]
     fn kdat_dir_ends_up_root_only() {
