@@ -72,6 +72,9 @@ pub enum Command {
     /// Stop the `warren up` running on a state directory (SIGTERM, then wait for it to exit);
     /// with --kill-sandboxes also end every sandbox it started.
     Down(DownArgs),
+    /// Run this machine's sandboxes for a server elsewhere (`warren up --node`): the runtime and
+    /// its API, no store, no REST API (docs/cluster.md).
+    Node(Box<NodeArgs>),
     /// Find and remove what sandboxes of deleted state directories left on this host: their
     /// processes and supervisors, mounts, cgroups and lxcfs mounts (needs root).
     Gc(GcArgs),
@@ -276,6 +279,28 @@ pub struct UpArgs {
     /// without it stored secrets cannot be read (docs/secrets.md).
     #[arg(long = "secrets-key-file", env = "WARREN_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
+    /// Run sandboxes on the `warren node` at this URL (http://HOST:PORT) instead of on this
+    /// machine. The node must share this server's state directory and template root filesystems
+    /// at the same paths (docs/cluster.md); the runtime's own flags then belong to the node.
+    #[arg(
+        long,
+        env = "WARREN_NODE",
+        value_name = "URL",
+        requires = "node_token_file",
+        conflicts_with_all = [
+            "agent", "keep_rcu_normal", "no_new_privs", "no_lazy_restore",
+            "egress_resolvers", "egress_upstream_ca", "standby_supervisors",
+        ]
+    )]
+    pub node: Option<String>,
+    /// The file holding the node's token (the node writes it, mode 0600, at first start).
+    #[arg(
+        long,
+        env = "WARREN_NODE_TOKEN_FILE",
+        value_name = "PATH",
+        requires = "node"
+    )]
+    pub node_token_file: Option<PathBuf>,
     /// Keep N sandboxes of a running-state template (its ID or alias) restored and frozen, ready
     /// for the next create of it, which then only thaws one and hands it its ID's settings (env,
     /// token, timeout, metadata, network rules); refilled in the background. Repeat for more
@@ -351,6 +376,70 @@ pub struct UpArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, env = "WARREN_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// Address of the node API (the server's `--node` URL points here). Calls carry the node's
+    /// token but are not encrypted: keep it on a private network or loopback.
+    #[arg(long, env = "WARREN_NODE_LISTEN", default_value = "127.0.0.1:3100")]
+    pub listen: String,
+    /// The node's own state directory (its sandboxes); not the server's.
+    #[arg(
+        long,
+        env = "WARREN_NODE_STATE_DIR",
+        default_value = "/var/lib/warren-node"
+    )]
+    pub state_dir: PathBuf,
+    /// A directory the node shares with its server at the same path: the server's state directory
+    /// (templates, snapshots) and the template root filesystems. Repeat for more. Calls naming a
+    /// path outside them are refused.
+    #[arg(
+        long = "shared-dir",
+        env = "WARREN_NODE_SHARED_DIR",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub shared_dirs: Vec<PathBuf>,
+    /// The file holding the token servers must present; made (mode 0600, a random token) when
+    /// missing. Default: <state-dir>/node.token.
+    #[arg(long, env = "WARREN_NODE_TOKEN_FILE", value_name = "PATH")]
+    pub token_file: Option<PathBuf>,
+    /// The static warren-agent binary mounted into every sandbox.
+    #[arg(long, env = "WARREN_AGENT")]
+    pub agent: Option<PathBuf>,
+    /// As `warren up --keep-rcu-normal`.
+    #[arg(long, env = "WARREN_KEEP_RCU_NORMAL")]
+    pub keep_rcu_normal: bool,
+    /// As `warren up --no-new-privs`.
+    #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
+    pub no_new_privs: bool,
+    /// As `warren up --no-lazy-restore`.
+    #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
+    pub no_lazy_restore: bool,
+    /// As `warren up --standby-supervisors`.
+    #[arg(
+        long,
+        env = "WARREN_STANDBY_SUPERVISORS",
+        default_value_t = 2,
+        value_name = "N",
+        value_parser = clap::value_parser!(u16).range(0..=64)
+    )]
+    pub standby_supervisors: u16,
+    /// As `warren up --egress-resolver`.
+    #[arg(
+        long = "egress-resolver",
+        env = "WARREN_EGRESS_RESOLVER",
+        value_delimiter = ','
+    )]
+    pub egress_resolvers: Vec<String>,
+    /// As `warren up --egress-upstream-ca`.
+    #[arg(
+        long = "egress-upstream-ca",
+        env = "WARREN_EGRESS_UPSTREAM_CA",
+        value_delimiter = ','
+    )]
+    pub egress_upstream_ca: Vec<PathBuf>,
 }
 
 /// Where Warren keeps its database and sandboxes.
@@ -901,5 +990,56 @@ mod tests {
                 "{error}"
             );
         }
+    }
+
+    #[test]
+    fn a_remote_node_comes_with_its_token_and_without_the_runtime_s_own_flags() {
+        let up = |args: &[&str]| {
+            let mut all = vec!["up"];
+            all.extend_from_slice(args);
+            parse(&all).map(|cli| match cli.command {
+                Command::Up(up) => (up.node.clone(), up.node_token_file.clone()),
+                other => panic!("wrong command: {other:?}"),
+            })
+        };
+        let node = ["--node", "http://10.0.0.2:3100"];
+        let token = ["--node-token-file", "/etc/warren/node.token"];
+        assert_eq!(
+            up(&[&node[..], &token[..]].concat()).expect("parses"),
+            (
+                Some("http://10.0.0.2:3100".to_string()),
+                Some(PathBuf::from("/etc/warren/node.token"))
+            )
+        );
+        for bad in [
+            node.to_vec(),
+            token.to_vec(),
+            [&node[..], &token[..], &["--agent", "/bin/agent"]].concat(),
+            [&node[..], &token[..], &["--standby-supervisors", "4"]].concat(),
+        ] {
+            let error = up(&bad).expect_err(&bad.join(" "));
+            assert!(
+                error.to_string().contains("--node") || error.to_string().contains("--agent"),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_node_needs_a_shared_directory() {
+        let node = |args: &[&str]| {
+            let mut all = vec!["node"];
+            all.extend_from_slice(args);
+            parse(&all).map(|cli| match cli.command {
+                Command::Node(node) => node.shared_dirs.clone(),
+                other => panic!("wrong command: {other:?}"),
+            })
+        };
+        let error = node(&[]).expect_err("no shared dir");
+        assert!(error.to_string().contains("--shared-dir"), "{error}");
+        assert_eq!(
+            node(&["--shared-dir", "/srv/a", "--shared-dir", "/srv/b"]).expect("parses"),
+            [PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]
+        );
     }
 }

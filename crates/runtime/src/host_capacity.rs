@@ -57,7 +57,7 @@ pub enum HostCapacityError {
 }
 
 /// What the sandboxes of this host may still take, measured now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HostCapacity {
     /// Tasks (processes + threads) all sandboxes together may hold: the kernel's ceiling less the
     /// host's reserve.

@@ -63,7 +63,7 @@ pub(crate) fn supervisor_error_chain(error: &dyn std::error::Error) -> String {
 pub const AGENT_PORT: u16 = 49983;
 
 /// Resources a sandbox may use.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Resources {
     /// CPU quota in vCPUs (1.0 = one core's worth of time).
     pub vcpus: f64,
@@ -76,7 +76,7 @@ pub struct Resources {
 }
 
 /// Network settings of a sandbox.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct NetworkSpec {
     /// NAT to the host's uplink when true; loopback and the host bridge only when false.
     pub allow_internet: bool,
@@ -90,7 +90,7 @@ pub struct NetworkSpec {
 }
 
 /// Everything needed to start a sandbox.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct SandboxSpec {
     /// Sandbox ID; also the hostname inside.
     pub id: String,
@@ -107,7 +107,7 @@ pub struct SandboxSpec {
 }
 
 /// A sandbox that exists on this host.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Sandbox {
     pub id: String,
     /// Address of the sandbox inside the host bridge's private range.
@@ -131,14 +131,14 @@ impl Sandbox {
 }
 
 /// What the host sees of a sandbox, independent of what any server remembers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum RuntimeState {
     Running,
     Frozen,
 }
 
 /// Resource usage of a whole sandbox.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     /// Total CPU time used, in microseconds.
     pub cpu_usage_usec: u64,
@@ -161,7 +161,7 @@ pub struct Stats {
 }
 
 /// One process inside a sandbox, with PIDs as the sandbox sees them.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct ProcessInfo {
     pub pid: u32,
     pub ppid: u32,
@@ -173,7 +173,7 @@ pub struct ProcessInfo {
 }
 
 /// What this host's runtime can do; the server reports it and picks fallbacks from it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Capabilities {
     pub cgroup_version: u8,
     /// CRIU works here: pause can write memory to disk, templates can start running, fork works.
@@ -181,7 +181,7 @@ pub struct Capabilities {
 }
 
 /// Where a checkpoint lives and what it holds.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointInfo {
     /// Directory holding the CRIU images and the saved runtime layer.
     pub dir: PathBuf,

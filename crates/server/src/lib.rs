@@ -11,6 +11,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod listener;
 pub mod metrics;
+pub mod node;
 pub mod proxy;
 pub mod runtime_host;
 pub mod secrets;
@@ -64,6 +65,8 @@ pub enum ServeError {
     Tls(#[source] tls::TlsError),
     #[error(transparent)]
     Locked(state_lock::StateLockError),
+    #[error("cannot use the node: {0}")]
+    Node(String),
 }
 
 /// Open the store in `state_dir` (for the CLI's key commands).
@@ -312,14 +315,36 @@ impl Server {
 /// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
 pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
     let _lock = state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?;
-    let runtime = runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?;
+    let runtime = match &config.node {
+        None => runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?,
+        Some(target) => {
+            // The node reads and writes the server's templates and snapshots, and the base
+            // template's root filesystem, at the paths the server names.
+            let needs: Vec<std::path::PathBuf> = [&config.state_dir, &config.base_rootfs]
+                .into_iter()
+                .chain(config.code_interpreter_rootfs.as_ref())
+                .cloned()
+                .collect();
+            let target = target.clone();
+            let remote = tokio::task::spawn_blocking(move || {
+                let needs: Vec<&std::path::Path> = needs.iter().map(|p| p.as_path()).collect();
+                node::remote::RemoteRuntime::connect(&target, &needs)
+            });
+            Arc::new(
+                remote
+                    .await
+                    .map_err(|join| ServeError::Node(join.to_string()))?
+                    .map_err(|error| ServeError::Node(error.to_string()))?,
+            ) as Arc<dyn Runtime>
+        }
+    };
     let server = Server::start(config, runtime).await?;
     wait_for_signal().await;
     tracing::info!("shutting down");
     server.shutdown().await
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -7,6 +7,7 @@ pub mod gc;
 pub mod key;
 pub mod lab;
 pub mod logs;
+pub mod node;
 pub mod sandbox;
 pub mod shell;
 pub mod template;
@@ -41,6 +42,8 @@ pub enum CommandError {
     Down(#[from] down::DownError),
     #[error(transparent)]
     Lab(#[from] lab::LabError),
+    #[error(transparent)]
+    Node(#[from] node::NodeCommandError),
 }
 
 impl CommandError {
@@ -50,7 +53,9 @@ impl CommandError {
             CommandError::Envd(err) => exit_code::for_kind(err.kind()),
             CommandError::Usage(_) => exit_code::USAGE,
             CommandError::Key(err) => err.exit_code(),
-            CommandError::Template(_) | CommandError::Down(_) => exit_code::ERROR,
+            CommandError::Template(_) | CommandError::Down(_) | CommandError::Node(_) => {
+                exit_code::ERROR
+            }
             CommandError::Lab(lab::LabError::NoLevel(_)) => exit_code::USAGE,
             CommandError::Lab(_) => exit_code::ERROR,
             CommandError::Terminal(_) | CommandError::Output(_) | CommandError::Server(_) => {
@@ -72,6 +77,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Workspace(command) => workspace::run(&global, command).await,
         Command::Events(args) => events::run(&global, args).await,
         Command::Down(args) => down::run(&global, args).await,
+        Command::Node(args) => node::run(*args).await,
         Command::Gc(args) => gc::run(&global, args),
         Command::Lab(command) => lab::run(&global, command).await,
     }

@@ -40,6 +40,15 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
         .map(|raw| parse_resolver(raw))
         .collect::<Result<_, _>>()?;
 
+    if let (Some(url), Some(token_file)) = (&args.node, &args.node_token_file) {
+        let token = warren_server::node::read_token(token_file).map_err(|e| {
+            CommandError::Usage(format!("--node-token-file {}: {e}", token_file.display()))
+        })?;
+        config.node = Some(warren_server::node::remote::NodeTarget {
+            url: url.clone(),
+            token,
+        });
+    }
     config.tls = tls_source(&args);
     let local_ca = match config.tls {
         Some(TlsSource::LocalCa) => {
@@ -158,7 +167,7 @@ fn server_config(
 }
 
 /// `IP` (port 53) or `IP:PORT` of `--egress-resolver`.
-fn parse_resolver(raw: &str) -> Result<SocketAddr, CommandError> {
+pub(crate) fn parse_resolver(raw: &str) -> Result<SocketAddr, CommandError> {
     let raw = raw.trim();
     if let Ok(ip) = raw.parse::<std::net::IpAddr>() {
         return Ok(SocketAddr::new(ip, 53));
@@ -166,7 +175,7 @@ fn parse_resolver(raw: &str) -> Result<SocketAddr, CommandError> {
     parse_listen("--egress-resolver", raw)
 }
 
-fn parse_listen(flag: &str, raw: &str) -> Result<SocketAddr, CommandError> {
+pub(crate) fn parse_listen(flag: &str, raw: &str) -> Result<SocketAddr, CommandError> {
     raw.parse().map_err(|_| {
         CommandError::Usage(format!(
             "{flag} wants IP:PORT, e.g. 127.0.0.1:3000; got {raw:?}"
@@ -285,7 +294,7 @@ fn local_url(addr: SocketAddr, scheme: Scheme) -> String {
 const DEFAULT_LOG_FILTER: &str = "info,netlink_packet_route=error";
 
 /// Server logs on stderr; `RUST_LOG` overrides [`DEFAULT_LOG_FILTER`].
-fn init_logging() {
+pub(crate) fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(DEFAULT_LOG_FILTER));
     // A second initialisation (only possible in tests) is harmless; ignore it.

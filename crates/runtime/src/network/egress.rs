@@ -17,7 +17,7 @@ pub use super::egress_upstream::{UpstreamProxy, UpstreamTls};
 pub const MAX_ENTRIES: usize = 256;
 
 /// An IPv4 network: an address with a prefix length (a plain address is a /32).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Cidr {
     pub network: Ipv4Addr,
     pub prefix: u8,
@@ -90,7 +90,7 @@ impl Cidr {
 /// A host name a sandbox may reach: one name (`api.example.com`), or every name below a domain
 /// (`*.example.com`, which matches `a.example.com` and `a.b.example.com` but not `example.com`
 /// itself; list both to allow both). Stored lower-case without a trailing dot.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum HostPattern {
     Exact(String),
     Below(String),
@@ -173,7 +173,7 @@ impl fmt::Display for HostPattern {
 /// Headers the egress proxy sets on every HTTP request to the hosts `pattern` matches (E2B's
 /// `network.rules` with `transform.headers`): a header of the same name the sandbox sent is replaced.
 /// The values are how a secret is used without ever being inside the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct HeaderRule {
     pub pattern: HostPattern,
     pub headers: Vec<(String, String)>,
@@ -181,7 +181,7 @@ pub struct HeaderRule {
 
 /// What a sandbox may reach beyond the host ruleset's defaults. Empty: everything its internet access
 /// allows.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct EgressRules {
     pub allow: Vec<Cidr>,
     /// Host names allowed on ports 80 (HTTP, by `Host`) and 443 (TLS, by SNI) through the egress

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use crate::confined::{ConfinedDir, ConfinedError, EntryKind};
 
 /// One large file: its path as the sandbox sees it (`/tmp/big.bin`) and the bytes it occupies.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct LargeFile {
     pub path: PathBuf,
     pub bytes: u64,

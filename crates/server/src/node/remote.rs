@@ -1,0 +1,326 @@
+//! A [`Runtime`] whose sandboxes run on a `warren node` (see the module above): each method is one
+//! HTTP call, made from the blocking threads the server already runs runtime calls on.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+use warren_runtime::{
+    Capabilities, CheckpointInfo, HostCapacity, NetworkSpec, ProcessInfo, Runtime, RuntimeError,
+    Sandbox, SandboxSpec, Stats,
+};
+
+use super::wire::{self, Call, Hello};
+use super::Answer;
+
+/// How long a call may take before the server gives up on the node: a checkpoint of a large
+/// sandbox or a create of a large template takes minutes at worst.
+const CALL_TIMEOUT: Duration = Duration::from_secs(15 * 60);
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where a server finds its node.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeTarget {
+    /// `http://host:port` of the node's API.
+    pub url: String,
+    pub token: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("node {url} is not reachable: {reason}")]
+    Unreachable { url: String, reason: String },
+    #[error("node {url} refused the token (check --node-token-file against the node's)")]
+    Unauthorized { url: String },
+    #[error("node {url} runs warren {theirs}; this server is {ours}: run one version on both")]
+    Version {
+        url: String,
+        theirs: String,
+        ours: String,
+    },
+    #[error(
+        "node {url} does not share {path} (it shares {shared}); start it with --shared-dir {path}"
+    )]
+    NotShared {
+        url: String,
+        path: PathBuf,
+        shared: String,
+    },
+}
+
+/// The runtime of one remote node.
+pub struct RemoteRuntime {
+    url: String,
+    call_url: String,
+    authorization: String,
+    agent: ureq::Agent,
+    hello: Hello,
+}
+
+impl RemoteRuntime {
+    /// Connects to the node at `target`: checks the token and the version, and that the node
+    /// shares every directory in `needs_shared` (the server's state and template sources), so a
+    /// misconfiguration is found at start and not at the first create.
+    pub fn connect(target: &NodeTarget, needs_shared: &[&Path]) -> Result<Self, ConnectError> {
+        let url = target.url.trim_end_matches('/').to_string();
+        let agent = ureq::AgentBuilder::new()
+            .timeout_connect(CONNECT_TIMEOUT)
+            .timeout(CALL_TIMEOUT)
+            .build();
+        let authorization = format!("Bearer {}", target.token);
+        let hello: Hello = match agent
+            .get(&format!("{url}{}", wire::HELLO_PATH))
+            .set("Authorization", &authorization)
+            .call()
+        {
+            Ok(response) => response
+                .into_string()
+                .map_err(|e| e.to_string())
+                .and_then(|text| serde_json::from_str(&text).map_err(|e| e.to_string()))
+                .map_err(|reason| ConnectError::Unreachable {
+                    url: url.clone(),
+                    reason: format!("not a warren node's answer: {reason}"),
+                })?,
+            Err(ureq::Error::Status(401, _)) => return Err(ConnectError::Unauthorized { url }),
+            Err(error) => {
+                return Err(ConnectError::Unreachable {
+                    url,
+                    reason: error.to_string(),
+                });
+            }
+        };
+        let ours = env!("CARGO_PKG_VERSION");
+        if hello.version != ours {
+            return Err(ConnectError::Version {
+                url,
+                theirs: hello.version,
+                ours: ours.to_string(),
+            });
+        }
+        for path in needs_shared {
+            if !hello.shared_dirs.iter().any(|dir| path.starts_with(dir)) {
+                return Err(ConnectError::NotShared {
+                    url,
+                    path: path.to_path_buf(),
+                    shared: hello
+                        .shared_dirs
+                        .iter()
+                        .map(|d| d.display().to_string())
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            }
+        }
+        Ok(Self {
+            call_url: format!("{url}{}", wire::CALL_PATH),
+            url,
+            authorization,
+            agent,
+            hello,
+        })
+    }
+
+    fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {
+        let unreachable = |reason: String| RuntimeError::Internal {
+            context: format!("node {}: {reason}", self.url),
+            source: None,
+        };
+        let body = serde_json::to_string(&call)
+            .map_err(|error| RuntimeError::internal("encode a runtime call", error))?;
+        let text = match self
+            .agent
+            .post(&self.call_url)
+            .set("Authorization", &self.authorization)
+            .set("Content-Type", "application/json")
+            .send_string(&body)
+        {
+            Ok(response) => response
+                .into_string()
+                .map_err(|e| unreachable(format!("reading its answer: {e}")))?,
+            Err(ureq::Error::Status(status, response)) => {
+                let said = response.into_string().unwrap_or_default();
+                return Err(unreachable(format!("answered {status}: {said}")));
+            }
+            Err(error) => return Err(unreachable(error.to_string())),
+        };
+        match serde_json::from_str::<Answer>(&text)
+            .map_err(|e| unreachable(format!("not a runtime answer: {e}")))?
+        {
+            Answer::Ok(value) => serde_json::from_value(value)
+                .map_err(|e| unreachable(format!("an answer of the wrong shape: {e}"))),
+            Answer::Error(error) => Err(error.into()),
+        }
+    }
+
+    /// Volumes are the server's own mounts, which a node elsewhere does not have.
+    fn refuse_volumes(spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        if spec.volumes.is_empty() {
+            Ok(())
+        } else {
+            Err(RuntimeError::Unsupported(
+                "volumes on a sandbox that runs on a remote node (warren up --node)".into(),
+            ))
+        }
+    }
+}
+
+impl Runtime for RemoteRuntime {
+    fn capabilities(&self) -> Capabilities {
+        self.hello.capabilities.clone()
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        Self::refuse_volumes(spec)?;
+        self.call(Call::Create { spec: spec.clone() })
+    }
+
+    fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(Call::Destroy { id: id.into() })
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(Call::Freeze { id: id.into() })
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(Call::Thaw { id: id.into() })
+    }
+
+    fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
+        self.call(Call::Stats { id: id.into() })
+    }
+
+    fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
+        self.call(Call::Processes { id: id.into() })
+    }
+
+    fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError> {
+        self.call(Call::KillProcess {
+            id: id.into(),
+            pid,
+            signal,
+        })
+    }
+
+    fn largest_files(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<warren_runtime::rootfs::disk_usage::LargeFile>, RuntimeError> {
+        self.call(Call::LargestFiles {
+            id: id.into(),
+            count,
+        })
+    }
+
+    fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError> {
+        self.call(Call::SetNetwork {
+            id: id.into(),
+            network: network.clone(),
+        })
+    }
+
+    fn egress_trust_anchor(&self) -> Option<String> {
+        match self.call(Call::EgressTrustAnchor) {
+            Ok(anchor) => anchor,
+            Err(error) => {
+                tracing::warn!(%error, "cannot read the node's egress CA");
+                None
+            }
+        }
+    }
+
+    fn check_network(&self, network: &NetworkSpec) -> Result<(), RuntimeError> {
+        self.call(Call::CheckNetwork {
+            network: network.clone(),
+        })
+    }
+
+    fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.call(Call::List)
+    }
+
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.call(Call::Recover)
+    }
+
+    fn checkpoint(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        self.call(Call::Checkpoint {
+            id: id.into(),
+            dest: dest.into(),
+            leave_running,
+        })
+    }
+
+    fn checkpoint_disk(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        self.call(Call::CheckpointDisk {
+            id: id.into(),
+            dest: dest.into(),
+            leave_running,
+        })
+    }
+
+    fn boot_from_disk(
+        &self,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError> {
+        Self::refuse_volumes(spec)?;
+        self.call(Call::BootFromDisk {
+            checkpoint: checkpoint.into(),
+            spec: spec.clone(),
+        })
+    }
+
+    fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
+        self.call(Call::CommitLayer {
+            id: id.into(),
+            dest: dest.into(),
+        })
+    }
+
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
+        self.call(Call::HostCapacity)
+    }
+
+    fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        Self::refuse_volumes(spec)?;
+        self.call(Call::Restore {
+            checkpoint: checkpoint.into(),
+            spec: spec.clone(),
+        })
+    }
+
+    fn forget_checkpoint(&self, checkpoint: &Path) {
+        if let Err(error) = self.call::<()>(Call::ForgetCheckpoint {
+            checkpoint: checkpoint.into(),
+        }) {
+            tracing::warn!(%error, checkpoint = %checkpoint.display(), "the node could not drop a checkpoint's caches");
+        }
+    }
+
+    fn network_rules_replaced(&self) -> bool {
+        self.hello.network_rules_replaced
+    }
+
+    fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
+        self.call(Call::MemorySettled { id: id.into() })
+    }
+
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
+        self.call(Call::Renew {
+            id: id.into(),
+            until_unix_ms,
+        })
+    }
+}

@@ -1,0 +1,196 @@
+"""`warren up --node`: the server keeps the API, the store, the proxy and the lifecycle; a `warren
+node` (another process with its own state directory) runs the sandboxes (issue 21, docs/cluster.md).
+Runs in a private network namespace (scripts/private-netns), like the crash tests.
+
+What is checked: the official SDK works end to end through a server whose sandboxes run on the node
+(create, commands, files, pause to a checkpoint and resume with processes intact, kill); the
+sandbox's supervisor belongs to the node's state directory, none to the server's; a server
+restarted with SIGKILL adopts the node's sandboxes; a node restarted under a running sandbox serves
+it on; the node refuses calls without its token and paths outside what it shares; a server whose node
+is wrong refuses to start naming the problem.
+"""
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+import harness
+
+
+class Node:
+    """`warren node` on a state dir of its own, sharing the server's state dir and the rootfs."""
+
+    def __init__(self, shared: list[Path]):
+        self.state_dir = Path(tempfile.mkdtemp(prefix="wt-node-state-"))
+        self.port = harness.free_port()
+        self.shared = shared
+        self.process: subprocess.Popen | None = None
+        self.log_path = self.state_dir.with_name(self.state_dir.name + ".log")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def token_file(self) -> Path:
+        return self.state_dir / "node.token"
+
+    def start(self) -> None:
+        command = [
+            str(harness.warren_binary()),
+            "node",
+            "--listen",
+            f"127.0.0.1:{self.port}",
+            "--state-dir",
+            str(self.state_dir),
+            "--agent",
+            str(harness.agent_binary()),
+        ]
+        for directory in self.shared:
+            command += ["--shared-dir", str(directory)]
+        log = open(self.log_path, "a")
+        self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
+        log.close()
+        for line in self.process.stdout:
+            if "listening on" in line:
+                return
+        raise RuntimeError(f"warren node exited with {self.process.wait()}: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(timeout=60)
+            self.process = None
+
+    def call(self, body: dict, token: str | None = None):
+        request = urllib.request.Request(
+            self.url + "/v1/runtime",
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={
+                "Authorization": f"Bearer {token if token is not None else self.token_file.read_text().strip()}",
+                "Content-Type": "application/json",
+            },
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=60) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            return error.code, error.read().decode(errors="replace")
+
+
+class RemoteWarren(harness.Warren):
+    """`warren up --node`: the harness's server without a runtime of its own."""
+
+    def __init__(self, node: Node, state_dir: Path):
+        super().__init__(state_dir)
+        self.node = node
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        at = command.index("--agent")
+        del command[at : at + 2]
+        return command + ["--node", self.node.url, "--node-token-file", str(self.node.token_file)]
+
+
+@pytest.fixture
+def cluster():
+    reason = harness.missing_prerequisite()
+    if reason:
+        sys.__stderr__.write(f"SKIP: {reason}\n")
+        pytest.skip(reason)
+    server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
+    node = Node([server_state, harness.base_rootfs()])
+    node.start()
+    warren = RemoteWarren(node, server_state)
+    try:
+        yield node, warren
+    finally:
+        warren.cleanup()
+        node.stop()
+        subprocess.run(["umount", "-l", str(node.state_dir / "lxcfs")], check=False, stderr=subprocess.DEVNULL)
+        shutil.rmtree(node.state_dir, ignore_errors=True)
+
+
+def _supervisor_dirs() -> list[str]:
+    return [cmd for _, cmd in harness.processes_mentioning("warren-supervisor") if "/sandboxes/" in cmd]
+
+
+def test_the_sdk_works_through_a_server_whose_sandboxes_run_on_a_node(cluster):
+    node, warren = cluster
+    warren.start()
+    Sandbox = harness.sdk()
+    box = Sandbox.create(timeout=600)
+    assert box.commands.run("hostname").stdout.strip() == box.sandbox_id
+    box.files.write("/tmp/kept.txt", "written before the pause")
+    box.commands.run("sleep 4242", background=True)
+
+    # The sandbox is the node's: its directory is under the node's state dir, not the server's.
+    assert (node.state_dir / "sandboxes" / box.sandbox_id).is_dir()
+    assert not (warren.state_dir / "sandboxes" / box.sandbox_id).exists()
+    owners = _supervisor_dirs()
+    assert owners and all(str(node.state_dir) in cmd for cmd in owners), owners
+
+    box.pause()
+    row = next(r for r in warren.rows() if r["id"] == box.sandbox_id)
+    assert row["state"] == "paused" and row["pause_kind"] == "checkpoint", row
+    assert row["snapshot_dir"].startswith(str(warren.state_dir)), row
+    resumed = Sandbox.connect(box.sandbox_id, timeout=600)
+    assert resumed.files.read("/tmp/kept.txt") == "written before the pause"
+    assert "sleep 4242" in resumed.commands.run("ps -eo args").stdout
+
+    # A server killed outright adopts the node's sandboxes when it comes back.
+    warren.sigkill()
+    warren.start()
+    again = Sandbox.connect(box.sandbox_id, timeout=600)
+    assert "sleep 4242" in again.commands.run("ps -eo args").stdout
+
+    # A node restarted under a running sandbox serves it on.
+    node.stop()
+    node.start()
+    assert again.commands.run("echo still here").stdout.strip() == "still here"
+
+    again.kill()
+    harness.wait_until("the node has no sandbox left", lambda: not any((node.state_dir / "sandboxes").iterdir()), limit=30)
+
+
+def test_the_node_refuses_strangers_and_paths_it_does_not_share(cluster):
+    node, warren = cluster
+    status, _ = node.call({"call": "list"}, token="not-the-token")
+    assert status == 401
+    status, answer = node.call({"call": "list"})
+    assert status == 200 and answer == {"ok": []}, answer
+    status, answer = node.call({"call": "commit_layer", "id": "nosuchbox", "dest": "/etc/warren-was-here"})
+    assert status == 200 and answer["error"]["error"] == "invalid_spec", answer
+    assert "/etc/warren-was-here" in answer["error"]["message"]
+    assert not Path("/etc/warren-was-here").exists()
+    status, answer = node.call({"call": "format_disk"})
+    assert status == 400, answer
+
+
+def test_a_server_with_a_wrong_node_refuses_to_start_naming_it(cluster):
+    node, warren = cluster
+    wrong_token = warren.state_dir.with_name(warren.state_dir.name + ".wrong-token")
+    wrong_token.write_text("0" * 64)
+    command = warren._command()
+    command[command.index("--node-token-file") + 1] = str(wrong_token)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "refused the token" in run.stderr, run.stderr[-2000:]
+
+    unshared = Path(tempfile.mkdtemp(prefix="wt-cluster-unshared-"))
+    command = warren._command()
+    command[command.index("--state-dir") + 1] = str(unshared)
+    run = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert f"does not share {unshared}" in run.stderr, run.stderr[-2000:]
+    shutil.rmtree(unshared, ignore_errors=True)
+    wrong_token.unlink()
