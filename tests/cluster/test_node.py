@@ -28,27 +28,39 @@ import harness
 class Node:
     """`warren node` on a state dir of its own, sharing the server's state dir and the rootfs."""
 
-    def __init__(self, shared: list[Path]):
+    def __init__(self, shared: list[Path], netns: str | None = None, address: str = "127.0.0.1", extra: list[str] | None = None):
         self.state_dir = Path(tempfile.mkdtemp(prefix="wt-node-state-"))
         self.port = harness.free_port()
         self.shared = shared
+        self.netns = netns
+        self.address = address
+        self.extra = extra or []
         self.process: subprocess.Popen | None = None
         self.log_path = self.state_dir.with_name(self.state_dir.name + ".log")
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.address}:{self.port}"
 
     @property
     def token_file(self) -> Path:
         return self.state_dir / "node.token"
 
     def start(self) -> None:
-        command = [
+        # In a network namespace of its own, with that namespace's sysfs over /sys/class and
+        # /sys/devices (what scripts/private-netns does), and the host's cgroups left in place.
+        command = (
+            ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "-m", "--propagation", "private", "bash", "-c",
+             'sys=$(mktemp -d); mount -t sysfs sysfs "$sys"; mount --bind "$sys/class" /sys/class; '
+             'mount --bind "$sys/devices" /sys/devices; exec "$@"', "_"]
+            if self.netns
+            else []
+        )
+        command += [
             str(harness.warren_binary()),
             "node",
             "--listen",
-            f"127.0.0.1:{self.port}",
+            f"{self.address}:{self.port}",
             "--state-dir",
             str(self.state_dir),
             "--agent",
@@ -56,6 +68,7 @@ class Node:
         ]
         for directory in self.shared:
             command += ["--shared-dir", str(directory)]
+        command += self.extra
         log = open(self.log_path, "a")
         self.process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log, text=True)
         log.close()
@@ -194,3 +207,87 @@ def test_a_server_with_a_wrong_node_refuses_to_start_naming_it(cluster):
     assert f"does not share {unshared}" in run.stderr, run.stderr[-2000:]
     shutil.rmtree(unshared, ignore_errors=True)
     wrong_token.unlink()
+
+
+# --- a node on another network ------------------------------------------------------------------
+# The test's namespace plays the server's machine; the node gets a network namespace of its own,
+# joined to it by a veth on test-owned addresses (198.18.0.0/15). Nothing has a default route.
+SERVER_ADDRESS = "198.18.10.1"
+NODE_ADDRESS = "198.18.10.2"
+NODE_SUBNET = "10.81.0.1/16"
+
+
+def _sh(*command: str) -> None:
+    subprocess.run(command, check=True)
+
+
+@pytest.fixture
+def remote_node():
+    reason = harness.missing_prerequisite()
+    if reason:
+        sys.__stderr__.write(f"SKIP: {reason}\n")
+        pytest.skip(reason)
+    netns = "wt-node-a"
+    _sh("ip", "netns", "add", netns)
+    try:
+        _sh("ip", "link", "add", "wt-lan-a", "type", "veth", "peer", "name", "uplink", "netns", netns)
+        _sh("ip", "addr", "add", f"{SERVER_ADDRESS}/24", "dev", "wt-lan-a")
+        _sh("ip", "link", "set", "wt-lan-a", "up")
+        _sh("ip", "-n", netns, "addr", "add", f"{NODE_ADDRESS}/24", "dev", "uplink")
+        _sh("ip", "-n", netns, "link", "set", "uplink", "up")
+        _sh("ip", "-n", netns, "link", "set", "lo", "up")
+        server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
+        node = Node(
+            [server_state, harness.base_rootfs()],
+            netns=netns,
+            address=NODE_ADDRESS,
+            extra=["--subnet", NODE_SUBNET, "--server-address", SERVER_ADDRESS],
+        )
+        node.start()
+        warren = RemoteWarren(node, server_state)
+        try:
+            yield node, warren
+        finally:
+            warren.cleanup()
+            node.stop()
+            shutil.rmtree(node.state_dir, ignore_errors=True)
+    finally:
+        subprocess.run(["ip", "netns", "del", netns], check=False)
+        subprocess.run(["ip", "link", "del", "wt-lan-a"], check=False, stderr=subprocess.DEVNULL)
+
+
+def test_a_node_on_another_network_serves_its_sandboxes_through_a_route(remote_node):
+    node, warren = remote_node
+    warren.start()
+    # The server routed the node's sandbox subnet through the node.
+    routes = subprocess.run(["ip", "route", "show", "10.81.0.0/16"], capture_output=True, text=True).stdout
+    assert f"via {NODE_ADDRESS}" in routes, routes
+
+    Sandbox = harness.sdk()
+    box = Sandbox.create(timeout=600)
+    assert box.commands.run("hostname -I").stdout.strip().startswith("10.81."), "the node's subnet"
+    # A port of the sandbox, through the server's proxy (which connects over the route): the node's
+    # firewall forwards new connections from its server's address, and only from there.
+    box.commands.run("python3 -m http.server 8080 --directory /etc", background=True)
+    request = urllib.request.Request(
+        f"{warren.sandbox_url}/hostname",
+        headers={"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "8080"},
+    )
+    answer = harness.wait_until(
+        "the sandbox's port answers through the proxy",
+        lambda: urllib.request.urlopen(request, timeout=5).read(),
+        limit=30,
+    )
+    assert answer.decode().strip() == box.sandbox_id
+
+    # The sandbox cannot open a connection to the server's machine: the node's own networks are
+    # denied to sandboxes, as a host's are.
+    reach = box.commands.run(
+        f"python3 -c \"import socket; s=socket.socket(); s.settimeout(2); print(s.connect_ex(('{SERVER_ADDRESS}', {warren.api_port})))\"",
+    )
+    assert reach.stdout.strip() != "0", reach.stdout
+
+    box.pause()
+    resumed = Sandbox.connect(box.sandbox_id, timeout=600)
+    assert resumed.commands.run("echo back").stdout.strip() == "back"
+    resumed.kill()

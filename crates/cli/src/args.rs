@@ -401,6 +401,19 @@ pub struct NodeArgs {
         required = true
     )]
     pub shared_dirs: Vec<PathBuf>,
+    /// The sandboxes' subnet, as the bridge's address and prefix (GATEWAY/PREFIX). Each node of a
+    /// server needs its own; the server routes it through the node (docs/cluster.md).
+    #[arg(long, env = "WARREN_NODE_SUBNET", default_value = "10.77.0.1/16", value_parser = parse_subnet)]
+    pub subnet: (std::net::Ipv4Addr, u8),
+    /// Address of a server on another machine (repeat for more): the node's firewall forwards its
+    /// connections to the sandboxes (their ports and agents) and the replies. Connections from
+    /// anywhere else are dropped, as on a single machine.
+    #[arg(
+        long = "server-address",
+        env = "WARREN_NODE_SERVER_ADDRESS",
+        value_delimiter = ','
+    )]
+    pub server_addresses: Vec<std::net::Ipv4Addr>,
     /// The file holding the token servers must present; made (mode 0600, a random token) when
     /// missing. Default: <state-dir>/node.token.
     #[arg(long, env = "WARREN_NODE_TOKEN_FILE", value_name = "PATH")]
@@ -765,6 +778,23 @@ pub fn parse_key_value(raw: &str) -> Result<(String, String), String> {
         Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
         _ => Err(format!("expected KEY=VALUE, got {raw:?}")),
     }
+}
+
+/// GATEWAY/PREFIX of `warren node --subnet`: an IPv4 address inside the subnet it names, prefix
+/// 8 to 30.
+fn parse_subnet(raw: &str) -> Result<(std::net::Ipv4Addr, u8), String> {
+    let (address, prefix) = raw
+        .split_once('/')
+        .ok_or_else(|| format!("{raw:?} is not GATEWAY/PREFIX, e.g. 10.81.0.1/16"))?;
+    let address: std::net::Ipv4Addr = address
+        .parse()
+        .map_err(|_| format!("{address:?} is not an IPv4 address"))?;
+    let prefix: u8 = prefix
+        .parse()
+        .ok()
+        .filter(|p| (8..=30).contains(p))
+        .ok_or_else(|| format!("prefix {prefix:?} is not 8 to 30"))?;
+    Ok((address, prefix))
 }
 
 /// `--disk-overcommit`: a ratio from 1 to 100.

@@ -52,6 +52,10 @@ pub struct LinuxRuntimeConfig {
     /// for a process to start; 0: each create starts its own. Each one is an idle process of a few
     /// hundred KiB that holds nothing else.
     pub standby_supervisors: usize,
+    /// Addresses of servers on other machines that connect to the sandboxes (a `warren node`'s,
+    /// docs/cluster.md): the firewall forwards their new connections into the sandbox subnet and
+    /// the sandboxes' replies back. Empty: only this machine reaches its sandboxes.
+    pub server_addresses: Vec<Ipv4Addr>,
 }
 
 impl Default for LinuxRuntimeConfig {
@@ -72,6 +76,7 @@ impl Default for LinuxRuntimeConfig {
             egress_upstream_ca: Vec::new(),
             lazy_restore: true,
             standby_supervisors: 0,
+            server_addresses: Vec::new(),
         }
     }
 }

@@ -111,6 +111,7 @@ impl LinuxRuntime {
             config.gateway,
             config.subnet_prefix,
             config.egress_proxy_port,
+            &config.server_addresses,
         )
         .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
         if ruleset_replaced {

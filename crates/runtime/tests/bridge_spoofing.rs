@@ -744,7 +744,7 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
         assert!(ok, "{out}");
         let gateway = Ipv4Addr::new(10, 77, 0, 1);
         let replaced =
-            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
+            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090, &[])
                 .expect("replace the ruleset");
         assert!(replaced, "an older ruleset was not reported replaced");
         let first = host_command("nft", &["list", "ruleset"]).1;
@@ -753,7 +753,7 @@ fn an_older_ruleset_is_replaced_keeping_live_sandboxes() {
             "add element bridge warren ports { \"wv-9-7\" . 02:77:0a:4d:09:07 . 10.77.9.7 }\n",
         );
         let replaced =
-            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090)
+            warren_runtime::network::firewall::ensure_ruleset("warren0", gateway, 16, 49090, &[])
                 .expect("keep the ruleset");
         assert!(!replaced, "a current ruleset was reported replaced");
         let second = host_command("nft", &["list", "ruleset"]).1;
@@ -797,6 +797,7 @@ fn a_ruleset_for_other_host_networks_is_replaced_keeping_egress_rules() {
         let elsewhere = HostNetworks {
             resolvers: vec![Ipv4Addr::new(192, 0, 2, 53)],
             connected: Vec::new(),
+            servers: Vec::new(),
         };
         let proxy = std::net::SocketAddrV4::new(gateway, 49090);
         nft_load(&ruleset("warren0", "10.77.0.0/16", &elsewhere, proxy));
@@ -805,7 +806,7 @@ fn a_ruleset_for_other_host_networks_is_replaced_keeping_egress_rules() {
             "add element ip warren egress_allow { 10.77.9.6 . 198.19.0.0/16 }\n",
             "add element ip warren names_headers { 10.77.9.5 }\n",
         ));
-        let replaced = ensure_ruleset("warren0", gateway, 16, 49090).expect("replace the ruleset");
+        let replaced = ensure_ruleset("warren0", gateway, 16, 49090, &[]).expect("replace the ruleset");
         (replaced, host_command("nft", &["list", "table", "ip", "warren"]).1)
     })
     .join()

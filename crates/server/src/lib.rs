@@ -330,12 +330,17 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
                 let needs: Vec<&std::path::Path> = needs.iter().map(|p| p.as_path()).collect();
                 node::remote::RemoteRuntime::connect(&target, &needs)
             });
-            Arc::new(
-                remote
-                    .await
-                    .map_err(|join| ServeError::Node(join.to_string()))?
-                    .map_err(|error| ServeError::Node(error.to_string()))?,
-            ) as Arc<dyn Runtime>
+            let remote = remote
+                .await
+                .map_err(|join| ServeError::Node(join.to_string()))?
+                .map_err(|error| ServeError::Node(error.to_string()))?;
+            // The proxy and the agent's /init connect to the sandboxes' addresses.
+            match remote.route_to_sandboxes() {
+                Ok(Some(route)) => tracing::info!(%route, "routing to the node's sandboxes"),
+                Ok(None) => {}
+                Err(error) => return Err(ServeError::Node(error)),
+            }
+            Arc::new(remote) as Arc<dyn Runtime>
         }
     };
     let server = Server::start(config, runtime).await?;

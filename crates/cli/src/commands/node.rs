@@ -49,6 +49,9 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
         standby_supervisors: usize::from(args.standby_supervisors),
         egress_resolvers,
         egress_upstream_ca: args.egress_upstream_ca.clone(),
+        gateway: args.subnet.0,
+        subnet_prefix: args.subnet.1,
+        server_addresses: args.server_addresses.clone(),
         ..LinuxRuntimeConfig::default()
     };
     if let Some(agent) = &args.agent {

@@ -88,7 +88,7 @@ pub(crate) fn nft(what: &str, script: &str) -> Result<(), FirewallError> {
 /// Version of [`ruleset`], written into both tables as a comment. A host whose tables carry another
 /// version (or none: the first ruleset had no marker) gets them replaced by [`ensure_ruleset`]. Bump it
 /// whenever the ruleset changes.
-pub const RULESET_VERSION: u32 = 6;
+pub const RULESET_VERSION: u32 = 7;
 
 /// The tables' comment: the version and a digest of what the ruleset took from the host
 /// ([`HostNetworks`]), so a host whose resolvers or networks changed gets its tables rebuilt at the
@@ -125,6 +125,9 @@ pub const ALWAYS_DENIED: [&str; 10] = [
 pub struct HostNetworks {
     pub resolvers: Vec<Ipv4Addr>,
     pub connected: Vec<(Ipv4Addr, u8)>,
+    /// Servers on other machines that open connections to this host's sandboxes (a `warren node`'s
+    /// `--server-address`, docs/cluster.md); empty for a server on this machine. Given, not probed.
+    pub servers: Vec<Ipv4Addr>,
 }
 
 impl HostNetworks {
@@ -169,6 +172,7 @@ impl HostNetworks {
         HostNetworks {
             resolvers,
             connected,
+            servers: Vec::new(),
         }
     }
 }
@@ -209,6 +213,12 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy: SocketAdd
     let mut denied: Vec<String> = ALWAYS_DENIED.iter().map(|s| s.to_string()).collect();
     denied.extend(host.connected.iter().map(|(ip, p)| format!("{ip}/{p}")));
     let denied = denied.join(", ");
+    let servers = if host.servers.is_empty() {
+        String::new()
+    } else {
+        let list: Vec<String> = host.servers.iter().map(Ipv4Addr::to_string).collect();
+        format!(" elements = {{ {} }};", list.join(", "))
+    };
     let resolvers = if host.resolvers.is_empty() {
         String::new()
     } else {
@@ -225,6 +235,7 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy: SocketAdd
     set internet {{ type ipv4_addr; }}
     set always_deny {{ type ipv4_addr; flags interval; auto-merge; elements = {{ {denied} }}; }}
     set resolvers {{ type ipv4_addr . inet_proto . inet_service;{resolvers} }}
+    set servers {{ type ipv4_addr;{servers} }}
     set egress_allow {{ type ipv4_addr . ipv4_addr; flags interval; }}
     set egress_deny {{ type ipv4_addr . ipv4_addr; flags interval; }}
     set names_allow {{ type ipv4_addr . ipv4_addr; flags interval; }}
@@ -249,6 +260,7 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy: SocketAdd
     chain forward {{
         type filter hook forward priority filter; policy accept;
         iifname "{bridge}" oifname "{bridge}" drop
+        iifname "{bridge}" ip daddr @servers ct direction reply accept
         iifname "{bridge}" ip saddr != @internet drop
         iifname "{bridge}" ip daddr . meta l4proto . th dport @resolvers accept
         iifname "{bridge}" ip daddr @always_deny drop
@@ -256,6 +268,7 @@ pub fn ruleset(bridge: &str, subnet: &str, host: &HostNetworks, proxy: SocketAdd
         iifname "{bridge}" ip saddr {subnet} accept
         iifname "{bridge}" drop
         oifname "{bridge}" ct state established,related accept
+        oifname "{bridge}" ip saddr @servers ip daddr {subnet} ct state new accept
         oifname "{bridge}" drop
     }}
     chain input {{
@@ -324,6 +337,7 @@ pub fn ensure_ruleset(
     gateway: Ipv4Addr,
     prefix: u8,
     proxy_port: u16,
+    servers: &[Ipv4Addr],
 ) -> Result<bool, FirewallError> {
     let network = super::network_address(gateway, prefix);
     // Two runtimes starting at once must not both replace: the second would drop what the first's
@@ -331,7 +345,10 @@ pub fn ensure_ruleset(
     let lock = RulesetLock::take()?;
     let ip_table = list_table("ip");
     let bridge_table = list_table("bridge");
-    let host = HostNetworks::probe(bridge);
+    let host = HostNetworks {
+        servers: servers.to_vec(),
+        ..HostNetworks::probe(bridge)
+    };
     let proxy = SocketAddrV4::new(gateway, proxy_port);
     let marker = version_marker(&host, proxy);
     let current = |table: &Option<String>| table.as_ref().is_some_and(|t| t.contains(&marker));
@@ -844,10 +861,43 @@ mod tests {
     }
 
     #[test]
+    fn servers_elsewhere_reach_the_sandboxes_and_get_their_replies_only() {
+        let proxy = SocketAddrV4::new(Ipv4Addr::new(10, 81, 0, 1), 49090);
+        let alone = ruleset("warren0", "10.81.0.0/16", &HostNetworks::default(), proxy);
+        assert!(alone.contains("set servers { type ipv4_addr; }"), "{alone}");
+        let host = HostNetworks {
+            servers: vec![Ipv4Addr::new(198, 18, 10, 1)],
+            ..HostNetworks::default()
+        };
+        assert_ne!(
+            version_marker(&host, proxy),
+            version_marker(&HostNetworks::default(), proxy)
+        );
+        let rules = ruleset("warren0", "10.81.0.0/16", &host, proxy);
+        assert!(rules.contains("elements = { 198.18.10.1 };"), "{rules}");
+        let position = |rule: &str| {
+            rules
+                .find(rule)
+                .unwrap_or_else(|| panic!("{rule}: {rules}"))
+        };
+        // Replies to a server's connections leave before the internet and always-deny drops...
+        let replies = position("iifname \"warren0\" ip daddr @servers ct direction reply accept");
+        assert!(replies < position("iifname \"warren0\" ip saddr != @internet drop"));
+        assert!(replies < position("ip daddr @always_deny drop"));
+        // ...and a server's new connections enter the sandbox subnet before the final drop.
+        let incoming = position(
+            "oifname \"warren0\" ip saddr @servers ip daddr 10.81.0.0/16 ct state new accept",
+        );
+        let last_drop = rules.rfind("oifname \"warren0\" drop").expect("final drop");
+        assert!(incoming < last_drop, "{rules}");
+    }
+
+    #[test]
     fn ruleset_is_versioned_and_binds_ports() {
         let host = HostNetworks {
             resolvers: vec![Ipv4Addr::new(10, 255, 255, 53)],
             connected: vec![(Ipv4Addr::new(192, 0, 2, 0), 24)],
+            servers: Vec::new(),
         };
         let proxy = SocketAddrV4::new(Ipv4Addr::new(10, 77, 0, 1), 49090);
         let rules = ruleset("warren0", "10.77.0.0/16", &host, proxy);

@@ -89,6 +89,24 @@ pub fn set_host_link(name: &str, up: bool) -> Result<(), netlink::NetlinkError> 
     .unwrap_or(Err(netlink::NetlinkError::Panicked))
 }
 
+/// Routes `network/prefix` (a `warren node`'s sandbox subnet) through `gateway` (that node) in the
+/// caller's network namespace, replacing any route to it.
+pub fn route_via(
+    network: Ipv4Addr,
+    prefix: u8,
+    gateway: Ipv4Addr,
+) -> Result<(), netlink::NetlinkError> {
+    std::thread::spawn(move || {
+        netlink::run(async {
+            netlink::Netlink::connect()?
+                .replace_route(network, prefix, gateway)
+                .await
+        })
+    })
+    .join()
+    .unwrap_or(Err(netlink::NetlinkError::Panicked))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -297,6 +297,27 @@ impl Netlink {
         Ok(())
     }
 
+    /// Routes `network/prefix` through `gateway`, replacing a route to it that is there already.
+    pub async fn replace_route(
+        &self,
+        network: Ipv4Addr,
+        prefix: u8,
+        gateway: Ipv4Addr,
+    ) -> Result<(), NetlinkError> {
+        self.handle
+            .route()
+            .add()
+            .v4()
+            .destination_prefix(network, prefix)
+            .gateway(gateway)
+            .replace()
+            .execute()
+            .await
+            .map_err(Self::request(format!(
+                "route {network}/{prefix} via {gateway}"
+            )))
+    }
+
     /// Deletes link `name` if it exists (a veth: its peer goes with it).
     pub async fn delete_link(&self, name: &str) -> Result<(), NetlinkError> {
         let Some(index) = self.link_index(name).await? else {

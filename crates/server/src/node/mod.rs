@@ -72,13 +72,20 @@ struct Node {
     hello: Hello,
 }
 
-/// The node API over `runtime`.
-pub fn router(runtime: Arc<dyn Runtime>, token: String, shared_dirs: Vec<PathBuf>) -> Router {
+/// The node API over `runtime`, whose sandboxes live in `gateway/prefix`.
+pub fn router(
+    runtime: Arc<dyn Runtime>,
+    token: String,
+    shared_dirs: Vec<PathBuf>,
+    (gateway, prefix): (std::net::Ipv4Addr, u8),
+) -> Router {
     let hello = Hello {
         version: env!("CARGO_PKG_VERSION").to_string(),
         capabilities: runtime.capabilities(),
         network_rules_replaced: runtime.network_rules_replaced(),
         shared_dirs: shared_dirs.clone(),
+        sandbox_gateway: gateway,
+        sandbox_prefix: prefix,
     };
     Router::new()
         .route(wire::HELLO_PATH, get(hello_handler))
@@ -107,10 +114,14 @@ pub async fn serve(config: NodeConfig) -> Result<(), NodeError> {
     tracing::info!(%addr, shared = ?shared_dirs, "warren node started");
     // The address line is what scripts wait for.
     println!("warren node listening on http://{addr}");
-    axum::serve(listener, router(runtime, config.token, shared_dirs))
-        .with_graceful_shutdown(crate::wait_for_signal())
-        .await
-        .map_err(NodeError::Serve)?;
+    let network = (config.runtime.gateway, config.runtime.subnet_prefix);
+    axum::serve(
+        listener,
+        router(runtime, config.token, shared_dirs, network),
+    )
+    .with_graceful_shutdown(crate::wait_for_signal())
+    .await
+    .map_err(NodeError::Serve)?;
     tracing::info!("warren node stopped");
     Ok(())
 }

@@ -120,6 +120,39 @@ impl RemoteRuntime {
         })
     }
 
+    /// What the node said of itself when the server connected.
+    pub fn hello(&self) -> &Hello {
+        &self.hello
+    }
+
+    /// Makes this machine route the node's sandbox subnet through the node, when the node is
+    /// another machine named by an IPv4 address in its URL; a node on this machine (loopback) or
+    /// named by a host name needs no route here, or one the operator sets up. Returns the route
+    /// made, if any.
+    pub fn route_to_sandboxes(&self) -> Result<Option<String>, String> {
+        let Some(host) = url::Url::parse(&self.url)
+            .ok()
+            .and_then(|url| url.host_str().map(str::to_string))
+            .and_then(|host| host.parse::<std::net::Ipv4Addr>().ok())
+        else {
+            return Ok(None);
+        };
+        if host.is_loopback() {
+            return Ok(None);
+        }
+        let prefix = self.hello.sandbox_prefix;
+        let network = warren_runtime::network::network_address(self.hello.sandbox_gateway, prefix);
+        warren_runtime::network::route_via(network, prefix, host)
+            .map(|()| Some(format!("{network}/{prefix} via {host}")))
+            .map_err(|error| {
+                format!(
+                    "cannot route {network}/{prefix} (node {}'s sandboxes) via {host}: {}",
+                    self.url,
+                    super::error_chain(&error)
+                )
+            })
+    }
+
     fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {
         let unreachable = |reason: String| RuntimeError::Internal {
             context: format!("node {}: {reason}", self.url),

@@ -183,6 +183,10 @@ pub struct Hello {
     pub network_rules_replaced: bool,
     /// The directories the node reads and writes for its server (templates, snapshots).
     pub shared_dirs: Vec<PathBuf>,
+    /// The node's sandbox subnet (its bridge's gateway address and prefix length): where the
+    /// server routes its connections to the node's sandboxes.
+    pub sandbox_gateway: std::net::Ipv4Addr,
+    pub sandbox_prefix: u8,
 }
 
 /// A [`RuntimeError`] on the wire: its variant and message, and whether a full disk caused it (so
