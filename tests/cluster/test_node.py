@@ -214,46 +214,83 @@ def test_a_server_with_a_wrong_node_refuses_to_start_naming_it(cluster):
 # joined to it by a veth on test-owned addresses (198.18.0.0/15). Nothing has a default route.
 SERVER_ADDRESS = "198.18.10.1"
 NODE_ADDRESS = "198.18.10.2"
-NODE_SUBNET = "10.81.0.1/16"
 
 
 def _sh(*command: str) -> None:
     subprocess.run(command, check=True)
 
 
+def _node_namespace(name: str, lan: str, server_address: str, node_address: str) -> None:
+    """Network namespace `name` joined to the test's by veth `lan` (/24, no default route)."""
+    _sh("ip", "netns", "add", name)
+    _sh("ip", "link", "add", lan, "type", "veth", "peer", "name", "uplink", "netns", name)
+    _sh("ip", "addr", "add", f"{server_address}/24", "dev", lan)
+    _sh("ip", "link", "set", lan, "up")
+    _sh("ip", "-n", name, "addr", "add", f"{node_address}/24", "dev", "uplink")
+    _sh("ip", "-n", name, "link", "set", "uplink", "up")
+    _sh("ip", "-n", name, "link", "set", "lo", "up")
+
+
+def _remove_namespace(name: str, lan: str) -> None:
+    subprocess.run(["ip", "netns", "del", name], check=False)
+    subprocess.run(["ip", "link", "del", lan], check=False, stderr=subprocess.DEVNULL)
+
+
+class RemoteCluster(RemoteWarren):
+    """`warren up` with one `--node` per node."""
+
+    def __init__(self, nodes: list[Node], state_dir: Path):
+        super().__init__(nodes[0], state_dir)
+        self.nodes = nodes
+
+    def _command(self) -> list[str]:
+        command = super()._command()
+        for node in self.nodes[1:]:
+            command += ["--node", node.url]
+        return command
+
+
 @pytest.fixture
-def remote_node():
+def remote_nodes(request):
+    """`request.param` nodes, each in a namespace of its own with its own subnet."""
     reason = harness.missing_prerequisite()
     if reason:
         sys.__stderr__.write(f"SKIP: {reason}\n")
         pytest.skip(reason)
-    netns = "wt-node-a"
-    _sh("ip", "netns", "add", netns)
+    count = getattr(request, "param", 1)
+    server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
+    nodes, made = [], []
     try:
-        _sh("ip", "link", "add", "wt-lan-a", "type", "veth", "peer", "name", "uplink", "netns", netns)
-        _sh("ip", "addr", "add", f"{SERVER_ADDRESS}/24", "dev", "wt-lan-a")
-        _sh("ip", "link", "set", "wt-lan-a", "up")
-        _sh("ip", "-n", netns, "addr", "add", f"{NODE_ADDRESS}/24", "dev", "uplink")
-        _sh("ip", "-n", netns, "link", "set", "uplink", "up")
-        _sh("ip", "-n", netns, "link", "set", "lo", "up")
-        server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
-        node = Node(
-            [server_state, harness.base_rootfs()],
-            netns=netns,
-            address=NODE_ADDRESS,
-            extra=["--subnet", NODE_SUBNET, "--server-address", SERVER_ADDRESS],
-        )
-        node.start()
-        warren = RemoteWarren(node, server_state)
+        token = None
+        for index in range(count):
+            name, lan = f"wt-node-{index}", f"wt-lan-{index}"
+            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
+            _node_namespace(name, lan, server_address, node_address)
+            made.append((name, lan))
+            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
+            if token is not None:
+                extra += ["--token-file", str(token)]
+            node = Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
+            node.start()
+            nodes.append(node)
+            token = node.token_file
+        warren = RemoteCluster(nodes, server_state)
         try:
-            yield node, warren
+            yield nodes, warren
         finally:
             warren.cleanup()
+    finally:
+        for node in nodes:
             node.stop()
             shutil.rmtree(node.state_dir, ignore_errors=True)
-    finally:
-        subprocess.run(["ip", "netns", "del", netns], check=False)
-        subprocess.run(["ip", "link", "del", "wt-lan-a"], check=False, stderr=subprocess.DEVNULL)
+        for name, lan in made:
+            _remove_namespace(name, lan)
+
+
+@pytest.fixture
+def remote_node(remote_nodes):
+    nodes, warren = remote_nodes
+    return nodes[0], warren
 
 
 def test_a_node_on_another_network_serves_its_sandboxes_through_a_route(remote_node):
@@ -291,3 +328,41 @@ def test_a_node_on_another_network_serves_its_sandboxes_through_a_route(remote_n
     resumed = Sandbox.connect(box.sandbox_id, timeout=600)
     assert resumed.commands.run("echo back").stdout.strip() == "back"
     resumed.kill()
+
+
+@pytest.mark.parametrize("remote_nodes", [2], indirect=True)
+def test_sandboxes_spread_over_two_nodes_and_a_paused_one_resumes_on_the_other(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    Sandbox = harness.sdk()
+
+    def on(node):
+        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
+
+    boxes = [Sandbox.create(timeout=600) for _ in range(4)]
+    assert len(on(node_a)) == 2 and len(on(node_b)) == 2, (on(node_a), on(node_b))
+    for box in boxes:
+        assert box.commands.run("echo up").stdout.strip() == "up"
+
+    # A counter on node A, paused to a checkpoint in the shared state directory.
+    moving = next(box for box in boxes if box.sandbox_id in on(node_a))
+    moving.commands.run(harness.COUNTER, background=True)
+    before = harness.wait_until("the counter counts", lambda: (lambda v: v if v >= 3 else None)(harness.read_counter(moving.sandbox_id)))
+    moving.pause()
+    assert moving.sandbox_id not in on(node_a)
+
+    # Node A goes away; the resume goes to node B, processes and memory intact.
+    node_a.stop()
+    resumed = Sandbox.connect(moving.sandbox_id, timeout=600)
+    assert moving.sandbox_id in on(node_b)
+    assert resumed.commands.run("hostname -I").stdout.strip().startswith("10.82.")
+    harness.wait_until(
+        "the counter counts on from where it was",
+        lambda: harness.read_counter(moving.sandbox_id) > before,
+        limit=30,
+    )
+    # Creates keep working with node A down.
+    extra = Sandbox.create(timeout=600)
+    assert extra.sandbox_id in on(node_b)
+
+    node_a.start()  # for the fixture's kills of node A's sandboxes

@@ -280,20 +280,23 @@ pub struct UpArgs {
     #[arg(long = "secrets-key-file", env = "WARREN_SECRETS_KEY_FILE")]
     pub secrets_key_file: Option<PathBuf>,
     /// Run sandboxes on the `warren node` at this URL (http://HOST:PORT) instead of on this
-    /// machine. The node must share this server's state directory and template root filesystems
-    /// at the same paths (docs/cluster.md); the runtime's own flags then belong to the node.
+    /// machine; repeat for more nodes (a new sandbox goes to the one with the fewest). Nodes must
+    /// share this server's state directory and template root filesystems at the same paths
+    /// (docs/cluster.md); the runtime's own flags then belong to the nodes.
     #[arg(
         long,
         env = "WARREN_NODE",
         value_name = "URL",
+        value_delimiter = ',',
         requires = "node_token_file",
         conflicts_with_all = [
             "agent", "keep_rcu_normal", "no_new_privs", "no_lazy_restore",
             "egress_resolvers", "egress_upstream_ca", "standby_supervisors",
         ]
     )]
-    pub node: Option<String>,
-    /// The file holding the node's token (the node writes it, mode 0600, at first start).
+    pub node: Vec<String>,
+    /// The file holding the nodes' token (a node writes it, mode 0600, at first start; give every
+    /// node of a server the same file with `warren node --token-file`).
     #[arg(
         long,
         env = "WARREN_NODE_TOKEN_FILE",
@@ -1028,7 +1031,7 @@ mod tests {
             let mut all = vec!["up"];
             all.extend_from_slice(args);
             parse(&all).map(|cli| match cli.command {
-                Command::Up(up) => (up.node.clone(), up.node_token_file.clone()),
+                Command::Up(up) => (up.node.first().cloned(), up.node_token_file.clone()),
                 other => panic!("wrong command: {other:?}"),
             })
         };

@@ -339,10 +339,11 @@ pub trait Runtime: Send + Sync {
     /// Replace the internet access and egress rules of a running sandbox, at once and atomically
     /// (`update_network`).
     fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError>;
-    /// The CA certificate (PEM) a sandbox must trust for the header rules of its egress to work
-    /// over HTTPS (the egress proxy signs the hosts' certificates with it); None where the runtime
-    /// has no such proxy.
-    fn egress_trust_anchor(&self) -> Option<String> {
+    /// The CA certificate (PEM) sandbox `id` must trust for the header rules of its egress to work
+    /// over HTTPS (the egress proxy of the host it runs on signs the hosts' certificates with it);
+    /// None where the runtime has no such proxy.
+    fn egress_trust_anchor(&self, id: &str) -> Option<String> {
+        let _ = id;
         None
     }
     /// Checks what of `network` can only be checked on the host before a new sandbox gets it or a

@@ -1047,7 +1047,7 @@ impl Runtime for LinuxRuntime {
             .map_err(internal(format!("kill process {pid} in sandbox {id}")))
     }
 
-    fn egress_trust_anchor(&self) -> Option<String> {
+    fn egress_trust_anchor(&self, _id: &str) -> Option<String> {
         Some(self.egress_proxy.ca_pem().to_string())
     }
 

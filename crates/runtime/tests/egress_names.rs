@@ -411,7 +411,7 @@ fn host_name_rules_reach_only_the_allowed_names_whatever_the_guest_claims() {
     };
     runtime.set_network(&sandbox.id, &network).expect("update");
     let ca = runtime
-        .egress_trust_anchor()
+        .egress_trust_anchor(&sandbox.id)
         .expect("the runtime has an egress CA");
     // The test agent takes one line: the PEM goes in as hex.
     let hex: String = ca.bytes().map(|byte| format!("{byte:02x}")).collect();

@@ -78,8 +78,9 @@ pub struct ServerConfig {
     /// The 32-byte key stored secrets are sealed with (`None`: `<state_dir>/secrets.key`, made at
     /// first start; docs/secrets.md).
     pub secrets_key_file: Option<PathBuf>,
-    /// Run sandboxes on this `warren node` instead of this machine (docs/cluster.md).
-    pub node: Option<crate::node::remote::NodeTarget>,
+    /// Run sandboxes on these `warren node`s instead of this machine (docs/cluster.md); empty:
+    /// on this machine.
+    pub nodes: Vec<crate::node::remote::NodeTarget>,
     /// Warm pools: how many sandboxes of each running-state template (by ID or alias) are kept
     /// restored and frozen, ready for the next create (`lifecycle::operations::pool`).
     pub warm_pools: Vec<(String, usize)>,
@@ -261,7 +262,7 @@ impl ServerConfig {
             build_disk_mib: 8192,
             tls: None,
             secrets_key_file: None,
-            node: None,
+            nodes: Vec::new(),
             warm_pools: Vec::new(),
         }
     }

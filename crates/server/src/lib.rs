@@ -315,33 +315,37 @@ impl Server {
 /// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
 pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
     let _lock = state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?;
-    let runtime = match &config.node {
-        None => runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?,
-        Some(target) => {
-            // The node reads and writes the server's templates and snapshots, and the base
-            // template's root filesystem, at the paths the server names.
-            let needs: Vec<std::path::PathBuf> = [&config.state_dir, &config.base_rootfs]
-                .into_iter()
-                .chain(config.code_interpreter_rootfs.as_ref())
-                .cloned()
-                .collect();
-            let target = target.clone();
-            let remote = tokio::task::spawn_blocking(move || {
-                let needs: Vec<&std::path::Path> = needs.iter().map(|p| p.as_path()).collect();
-                node::remote::RemoteRuntime::connect(&target, &needs)
-            });
-            let remote = remote
-                .await
-                .map_err(|join| ServeError::Node(join.to_string()))?
-                .map_err(|error| ServeError::Node(error.to_string()))?;
-            // The proxy and the agent's /init connect to the sandboxes' addresses.
-            match remote.route_to_sandboxes() {
-                Ok(Some(route)) => tracing::info!(%route, "routing to the node's sandboxes"),
-                Ok(None) => {}
-                Err(error) => return Err(ServeError::Node(error)),
-            }
-            Arc::new(remote) as Arc<dyn Runtime>
-        }
+    let runtime = if config.nodes.is_empty() {
+        runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?
+    } else {
+        // The nodes read and write the server's templates and snapshots, and the base template's
+        // root filesystem, at the paths the server names.
+        let needs: Vec<std::path::PathBuf> = [&config.state_dir, &config.base_rootfs]
+            .into_iter()
+            .chain(config.code_interpreter_rootfs.as_ref())
+            .cloned()
+            .collect();
+        let targets = config.nodes.clone();
+        let nodes = tokio::task::spawn_blocking(move || {
+            let needs: Vec<&std::path::Path> = needs.iter().map(|p| p.as_path()).collect();
+            targets
+                .iter()
+                .map(|target| {
+                    let node = node::remote::RemoteRuntime::connect(target, &needs)
+                        .map_err(|error| error.to_string())?;
+                    // The proxy and the agent's /init connect to the sandboxes' addresses.
+                    if let Some(route) = node.route_to_sandboxes()? {
+                        tracing::info!(node = node.url(), %route, "routing to the node's sandboxes");
+                    }
+                    Ok(node)
+                })
+                .collect::<Result<Vec<_>, String>>()
+        })
+        .await
+        .map_err(|join| ServeError::Node(join.to_string()))?
+        .map_err(ServeError::Node)?;
+        Arc::new(node::cluster::ClusterRuntime::new(nodes).map_err(ServeError::Node)?)
+            as Arc<dyn Runtime>
     };
     let server = Server::start(config, runtime).await?;
     wait_for_signal().await;

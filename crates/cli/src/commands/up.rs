@@ -40,14 +40,18 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
         .map(|raw| parse_resolver(raw))
         .collect::<Result<_, _>>()?;
 
-    if let (Some(url), Some(token_file)) = (&args.node, &args.node_token_file) {
+    if let Some(token_file) = &args.node_token_file {
         let token = warren_server::node::read_token(token_file).map_err(|e| {
             CommandError::Usage(format!("--node-token-file {}: {e}", token_file.display()))
         })?;
-        config.node = Some(warren_server::node::remote::NodeTarget {
-            url: url.clone(),
-            token,
-        });
+        config.nodes = args
+            .node
+            .iter()
+            .map(|url| warren_server::node::remote::NodeTarget {
+                url: url.clone(),
+                token: token.clone(),
+            })
+            .collect();
     }
     config.tls = tls_source(&args);
     let local_ca = match config.tls {

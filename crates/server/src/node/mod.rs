@@ -9,6 +9,7 @@
 //! share those directories (one machine, or a shared filesystem mounted at the same path); the node
 //! refuses a call naming a path outside the directories it was told it shares.
 
+pub mod cluster;
 pub mod remote;
 pub mod wire;
 

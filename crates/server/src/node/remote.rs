@@ -48,6 +48,23 @@ pub enum ConnectError {
     },
 }
 
+/// The cause of a call that did not get an answer from its node.
+#[derive(Debug, thiserror::Error)]
+#[error("the node did not answer")]
+pub struct Unreachable {
+    /// The connection was never made: the node did not get the call.
+    pub never_sent: bool,
+}
+
+impl Unreachable {
+    /// Whether `error` is a call its node never got.
+    pub fn never_sent(error: &RuntimeError) -> bool {
+        std::error::Error::source(error)
+            .and_then(|source| source.downcast_ref::<Unreachable>())
+            .is_some_and(|unreachable| unreachable.never_sent)
+    }
+}
+
 /// The runtime of one remote node.
 pub struct RemoteRuntime {
     url: String,
@@ -153,6 +170,10 @@ impl RemoteRuntime {
             })
     }
 
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {
         let unreachable = |reason: String| RuntimeError::Internal {
             context: format!("node {}: {reason}", self.url),
@@ -174,7 +195,18 @@ impl RemoteRuntime {
                 let said = response.into_string().unwrap_or_default();
                 return Err(unreachable(format!("answered {status}: {said}")));
             }
-            Err(error) => return Err(unreachable(error.to_string())),
+            Err(error) => {
+                // Refused or unresolvable: the node never saw the call, so another node may take
+                // it. Anything later (a timeout, a cut connection) may have reached it.
+                let never_sent = matches!(
+                    error.kind(),
+                    ureq::ErrorKind::ConnectionFailed | ureq::ErrorKind::Dns
+                );
+                return Err(RuntimeError::Internal {
+                    context: format!("node {}: {error}", self.url),
+                    source: Some(Box::new(Unreachable { never_sent })),
+                });
+            }
         };
         match serde_json::from_str::<Answer>(&text)
             .map_err(|e| unreachable(format!("not a runtime answer: {e}")))?
@@ -253,8 +285,8 @@ impl Runtime for RemoteRuntime {
         })
     }
 
-    fn egress_trust_anchor(&self) -> Option<String> {
-        match self.call(Call::EgressTrustAnchor) {
+    fn egress_trust_anchor(&self, id: &str) -> Option<String> {
+        match self.call(Call::EgressTrustAnchor { id: id.into() }) {
             Ok(anchor) => anchor,
             Err(error) => {
                 tracing::warn!(%error, "cannot read the node's egress CA");

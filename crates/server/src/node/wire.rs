@@ -47,7 +47,9 @@ pub enum Call {
         id: String,
         network: NetworkSpec,
     },
-    EgressTrustAnchor,
+    EgressTrustAnchor {
+        id: String,
+    },
     CheckNetwork {
         network: NetworkSpec,
     },
@@ -135,7 +137,7 @@ impl Call {
             Call::KillProcess { id, pid, signal } => json(runtime.kill_process(&id, pid, signal)?),
             Call::LargestFiles { id, count } => json(runtime.largest_files(&id, count)?),
             Call::SetNetwork { id, network } => json(runtime.set_network(&id, &network)?),
-            Call::EgressTrustAnchor => json(runtime.egress_trust_anchor()),
+            Call::EgressTrustAnchor { id } => json(runtime.egress_trust_anchor(&id)),
             Call::CheckNetwork { network } => json(runtime.check_network(&network)?),
             Call::List => json(runtime.list()?),
             Call::Recover => json(runtime.recover()?),

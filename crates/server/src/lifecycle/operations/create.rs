@@ -628,7 +628,8 @@ impl Lifecycle {
         let trusted_ca = if record.egress.header_rules.is_empty() {
             None
         } else {
-            self.on_runtime(|runtime| Ok(runtime.egress_trust_anchor()))
+            let id = record.id.clone();
+            self.on_runtime(move |runtime| Ok(runtime.egress_trust_anchor(&id)))
                 .await
                 .ok()
                 .flatten()

@@ -1,0 +1,330 @@
+//! A [`Runtime`] over several nodes: a new sandbox (create, restore, boot) goes to the node with
+//! the fewest sandboxes that takes it; every other call goes to the node that holds the sandbox.
+//! Which node holds which sandbox is learnt from the nodes themselves (their `list`, at start and
+//! whenever a sandbox is not known), never guessed: a node is the truth about what runs on it.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Mutex;
+
+use warren_runtime::{
+    Capabilities, CheckpointInfo, HostCapacity, NetworkSpec, ProcessInfo, Runtime, RuntimeError,
+    RuntimeErrorKind, Sandbox, SandboxSpec, Stats,
+};
+
+use super::remote::{RemoteRuntime, Unreachable};
+
+/// The nodes of one server.
+pub struct ClusterRuntime {
+    nodes: Vec<RemoteRuntime>,
+    /// Sandbox ID → index in `nodes`.
+    placed: Mutex<HashMap<String, usize>>,
+}
+
+impl ClusterRuntime {
+    /// Over `nodes`, which must not be empty and whose sandbox subnets must differ (the server
+    /// reaches every sandbox by its address).
+    pub fn new(nodes: Vec<RemoteRuntime>) -> Result<Self, String> {
+        if nodes.is_empty() {
+            return Err("no node given".into());
+        }
+        for (i, a) in nodes.iter().enumerate() {
+            for b in &nodes[i + 1..] {
+                let (a_net, b_net) = (subnet(a), subnet(b));
+                if overlaps(a_net, b_net) {
+                    return Err(format!(
+                        "nodes {} and {} have overlapping sandbox subnets ({}/{} and {}/{}): give each its own --subnet",
+                        a.url(),
+                        b.url(),
+                        a_net.0,
+                        a_net.1,
+                        b_net.0,
+                        b_net.1
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            nodes,
+            placed: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn placed(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.placed
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn remember(&self, node: usize, sandboxes: &[Sandbox]) {
+        let mut placed = self.placed();
+        placed.retain(|_, at| *at != node);
+        for sandbox in sandboxes {
+            placed.insert(sandbox.id.clone(), node);
+        }
+    }
+
+    /// The node holding sandbox `id`: as last seen, else asked of every node.
+    fn node_of(&self, id: &str) -> Result<&RemoteRuntime, RuntimeError> {
+        if let Some(&at) = self.placed().get(id) {
+            return Ok(&self.nodes[at]);
+        }
+        for (at, node) in self.nodes.iter().enumerate() {
+            if let Ok(sandboxes) = node.list() {
+                self.remember(at, &sandboxes);
+            }
+        }
+        match self.placed().get(id) {
+            Some(&at) => Ok(&self.nodes[at]),
+            None => Err(RuntimeError::NotFound(id.to_string())),
+        }
+    }
+
+    /// Starts a sandbox on the node with the fewest sandboxes that takes it: a node that is full
+    /// (`ResourceExhausted`) or that the call never reached is passed over for the next. A node
+    /// the call may have reached without answering is not: the sandbox could be running there.
+    fn place(
+        &self,
+        id: &str,
+        start: impl Fn(&RemoteRuntime) -> Result<Sandbox, RuntimeError>,
+    ) -> Result<Sandbox, RuntimeError> {
+        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        {
+            let placed = self.placed();
+            let load = |at: usize| placed.values().filter(|&&node| node == at).count();
+            order.sort_by_key(|&at| (load(at), at));
+        }
+        let mut last = None;
+        for at in order {
+            match start(&self.nodes[at]) {
+                Ok(sandbox) => {
+                    self.placed().insert(id.to_string(), at);
+                    return Ok(sandbox);
+                }
+                Err(error)
+                    if error.kind() == RuntimeErrorKind::ResourceExhausted
+                        || Unreachable::never_sent(&error) =>
+                {
+                    tracing::warn!(node = self.nodes[at].url(), %error, "node passed over");
+                    last = Some(error);
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Err(last.unwrap_or_else(|| RuntimeError::failed("no node")))
+    }
+
+    /// Every node's sandboxes, by `each`; fails when a node does not answer (a sandbox the server
+    /// cannot see is not a sandbox that is gone).
+    fn gather(
+        &self,
+        each: impl Fn(&RemoteRuntime) -> Result<Vec<Sandbox>, RuntimeError>,
+    ) -> Result<Vec<Sandbox>, RuntimeError> {
+        let mut all = Vec::new();
+        for (at, node) in self.nodes.iter().enumerate() {
+            let sandboxes = each(node)?;
+            self.remember(at, &sandboxes);
+            all.extend(sandboxes);
+        }
+        Ok(all)
+    }
+
+    fn forget(&self, id: &str) {
+        self.placed().remove(id);
+    }
+}
+
+fn subnet(node: &RemoteRuntime) -> (std::net::Ipv4Addr, u8) {
+    let hello = node.hello();
+    (
+        warren_runtime::network::network_address(hello.sandbox_gateway, hello.sandbox_prefix),
+        hello.sandbox_prefix,
+    )
+}
+
+fn overlaps(a: (std::net::Ipv4Addr, u8), b: (std::net::Ipv4Addr, u8)) -> bool {
+    let shorter = a.1.min(b.1);
+    warren_runtime::network::network_address(a.0, shorter)
+        == warren_runtime::network::network_address(b.0, shorter)
+}
+
+impl Runtime for ClusterRuntime {
+    fn capabilities(&self) -> Capabilities {
+        let mut capabilities = self.nodes[0].capabilities();
+        // Checkpoints move between nodes: all of them must take and restore them.
+        capabilities.checkpoint = self.nodes.iter().all(|n| n.capabilities().checkpoint);
+        capabilities
+    }
+
+    fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        self.place(&spec.id, |node| node.create(spec))
+    }
+
+    fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
+        let result = self.node_of(id)?.destroy(id);
+        if result.is_ok() {
+            self.forget(id);
+        }
+        result
+    }
+
+    fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
+        self.node_of(id)?.freeze(id)
+    }
+
+    fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
+        self.node_of(id)?.thaw(id)
+    }
+
+    fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
+        self.node_of(id)?.stats(id)
+    }
+
+    fn processes(&self, id: &str) -> Result<Vec<ProcessInfo>, RuntimeError> {
+        self.node_of(id)?.processes(id)
+    }
+
+    fn kill_process(&self, id: &str, pid: u32, signal: i32) -> Result<(), RuntimeError> {
+        self.node_of(id)?.kill_process(id, pid, signal)
+    }
+
+    fn largest_files(
+        &self,
+        id: &str,
+        count: usize,
+    ) -> Result<Vec<warren_runtime::rootfs::disk_usage::LargeFile>, RuntimeError> {
+        self.node_of(id)?.largest_files(id, count)
+    }
+
+    fn set_network(&self, id: &str, network: &NetworkSpec) -> Result<(), RuntimeError> {
+        self.node_of(id)?.set_network(id, network)
+    }
+
+    fn egress_trust_anchor(&self, id: &str) -> Option<String> {
+        self.node_of(id).ok()?.egress_trust_anchor(id)
+    }
+
+    fn check_network(&self, network: &NetworkSpec) -> Result<(), RuntimeError> {
+        // Where the sandbox will run is not known yet: it must be fine on every node.
+        self.nodes
+            .iter()
+            .try_for_each(|node| node.check_network(network))
+    }
+
+    fn list(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.gather(|node| node.list())
+    }
+
+    fn recover(&self) -> Result<Vec<Sandbox>, RuntimeError> {
+        self.gather(|node| node.recover())
+    }
+
+    fn checkpoint(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let info = self.node_of(id)?.checkpoint(id, dest, leave_running)?;
+        if !leave_running {
+            self.forget(id);
+        }
+        Ok(info)
+    }
+
+    fn checkpoint_disk(
+        &self,
+        id: &str,
+        dest: &Path,
+        leave_running: bool,
+    ) -> Result<CheckpointInfo, RuntimeError> {
+        let info = self.node_of(id)?.checkpoint_disk(id, dest, leave_running)?;
+        if !leave_running {
+            self.forget(id);
+        }
+        Ok(info)
+    }
+
+    fn boot_from_disk(
+        &self,
+        checkpoint: &Path,
+        spec: &SandboxSpec,
+    ) -> Result<Sandbox, RuntimeError> {
+        self.place(&spec.id, |node| node.boot_from_disk(checkpoint, spec))
+    }
+
+    fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
+        self.node_of(id)?.commit_layer(id, dest)
+    }
+
+    /// The sum over the nodes that answer: admission weighs a request against the whole cluster,
+    /// and placement then picks a node with room (a full node passes the create on). A node that
+    /// cannot be reached adds nothing; none reachable is an error.
+    fn host_capacity(&self) -> Result<HostCapacity, RuntimeError> {
+        let mut total = HostCapacity {
+            sandbox_tasks: 0,
+            disk_free_bytes: 0,
+            disk_reserve_bytes: 0,
+            disk_promised_bytes: 0,
+        };
+        let mut last = None;
+        let mut answered = false;
+        for node in &self.nodes {
+            let capacity = match node.host_capacity() {
+                Ok(capacity) => capacity,
+                Err(error) if Unreachable::never_sent(&error) => {
+                    last = Some(error);
+                    continue;
+                }
+                Err(error) => return Err(error),
+            };
+            answered = true;
+            total.sandbox_tasks += capacity.sandbox_tasks;
+            total.disk_free_bytes += capacity.disk_free_bytes;
+            total.disk_reserve_bytes += capacity.disk_reserve_bytes;
+            total.disk_promised_bytes += capacity.disk_promised_bytes;
+        }
+        match (answered, last) {
+            (false, Some(error)) => Err(error),
+            _ => Ok(total),
+        }
+    }
+
+    fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
+        self.place(&spec.id, |node| node.restore(checkpoint, spec))
+    }
+
+    fn forget_checkpoint(&self, checkpoint: &Path) {
+        for node in &self.nodes {
+            node.forget_checkpoint(checkpoint);
+        }
+    }
+
+    fn network_rules_replaced(&self) -> bool {
+        self.nodes.iter().any(|node| node.network_rules_replaced())
+    }
+
+    fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
+        self.node_of(id)?.memory_settled(id)
+    }
+
+    fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
+        self.node_of(id)?.renew(id, until_unix_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    #[test]
+    fn subnets_overlap_when_one_holds_the_other() {
+        let net = |a, b, c, d, p| (Ipv4Addr::new(a, b, c, d), p);
+        assert!(overlaps(net(10, 77, 0, 0, 16), net(10, 77, 0, 0, 16)));
+        assert!(overlaps(net(10, 77, 0, 0, 16), net(10, 77, 5, 0, 24)));
+        assert!(overlaps(net(10, 0, 0, 0, 8), net(10, 81, 0, 0, 16)));
+        assert!(!overlaps(net(10, 81, 0, 0, 16), net(10, 82, 0, 0, 16)));
+        assert!(!overlaps(net(10, 77, 0, 0, 24), net(10, 77, 1, 0, 24)));
+    }
+}
