@@ -11,11 +11,13 @@ is wrong refuses to start naming the problem.
 """
 
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -44,6 +46,8 @@ class Node:
 
     @property
     def token_file(self) -> Path:
+        if "--token-file" in self.extra:
+            return Path(self.extra[self.extra.index("--token-file") + 1])
         return self.state_dir / "node.token"
 
     def start(self) -> None:
@@ -263,7 +267,8 @@ def remote_nodes(request):
     try:
         token = None
         for index in range(count):
-            name, lan = f"wt-node-{index}", f"wt-lan-{index}"
+            # /run/netns is the host's: a name of this run's own.
+            name, lan = f"wt-node-{os.getpid()}-{index}", f"wt-lan-{index}"
             server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
             _node_namespace(name, lan, server_address, node_address)
             made.append((name, lan))
@@ -280,11 +285,28 @@ def remote_nodes(request):
         finally:
             warren.cleanup()
     finally:
-        for node in nodes:
-            node.stop()
-            shutil.rmtree(node.state_dir, ignore_errors=True)
-        for name, lan in made:
-            _remove_namespace(name, lan)
+        try:
+            for node in nodes:
+                try:
+                    _destroy_what_runs_on(node)
+                finally:
+                    node.stop()
+        finally:
+            # After every node stopped: the later nodes read the first one's token file.
+            for node in nodes:
+                shutil.rmtree(node.state_dir, ignore_errors=True)
+            for name, lan in made:
+                _remove_namespace(name, lan)
+
+
+def _destroy_what_runs_on(node: Node) -> None:
+    """Whatever a test left on `node` (a sandbox the server recorded lost), through its own API."""
+    if node.process is None:
+        return
+    status, answer = node.call({"call": "list"})
+    if status == 200 and "ok" in answer:
+        for sandbox in answer["ok"]:
+            node.call({"call": "destroy", "id": sandbox["id"]})
 
 
 @pytest.fixture
@@ -366,3 +388,48 @@ def test_sandboxes_spread_over_two_nodes_and_a_paused_one_resumes_on_the_other(r
     assert extra.sandbox_id in on(node_b)
 
     node_a.start()  # for the fixture's kills of node A's sandboxes
+
+
+@pytest.mark.parametrize("remote_nodes", [2], indirect=True)
+def test_a_lost_node_loses_its_sandboxes_and_is_fenced_when_it_returns(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    Sandbox = harness.sdk()
+
+    def on(node):
+        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
+
+    first, second = Sandbox.create(timeout=600), Sandbox.create(timeout=600)
+    doomed = next(box for box in (first, second) if box.sandbox_id in on(node_b))
+    kept = first if doomed is second else second
+
+    # Node B dies outright and its link goes: its sandbox keeps running there, unreachable.
+    node_b.process.kill()
+    node_b.process.wait()
+    node_b.process = None
+    _sh("ip", "link", "set", "wt-lan-1", "down")
+    died = time.monotonic()
+
+    def lost_row():
+        row = next(r for r in warren.rows() if r["id"] == doomed.sandbox_id)
+        return row if row["state"] == "failed" else None
+
+    row = harness.wait_until("the dead node's sandbox is recorded lost", lost_row, limit=60)
+    sys.__stderr__.write(f"\nnode down to sandbox lost: {time.monotonic() - died:.1f} s\n")
+    assert "lost" in row["state_reason"] and node_b.url in row["state_reason"], row
+    assert "down" in row["state_reason"], row
+    # The other node's sandbox and new creates carry on.
+    assert kept.commands.run("echo fine").stdout.strip() == "fine"
+    fresh = Sandbox.create(timeout=600)
+    assert fresh.sandbox_id in on(node_a)
+
+    # Node B comes back still running the sandbox the server recorded lost: it is ended there.
+    _sh("ip", "link", "set", "wt-lan-1", "up")
+    assert doomed.sandbox_id in on(node_b)
+    node_b.start()
+    harness.wait_until(
+        "the returning node no longer runs the lost sandbox",
+        lambda: doomed.sandbox_id not in on(node_b),
+        limit=60,
+    )
+    assert next(r for r in warren.rows() if r["id"] == doomed.sandbox_id)["state"] == "failed"

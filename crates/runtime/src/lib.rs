@@ -426,6 +426,12 @@ pub trait Runtime: Send + Sync {
         let _ = id;
         Ok(())
     }
+    /// Why sandbox `id` is no longer found, when the runtime knows more than that it is gone (a
+    /// cluster: its node stopped answering); None otherwise.
+    fn gone_reason(&self, id: &str) -> Option<String> {
+        let _ = id;
+        None
+    }
     /// Dead man's switch: the sandbox's supervisor ends it once the clock passes `until_unix_ms`
     /// unless this is called again with a later time. A fresh or restored sandbox starts with
     /// [`supervisor::deadline::INITIAL_LEASE_MS`].

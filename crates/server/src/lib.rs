@@ -312,8 +312,12 @@ impl Server {
     }
 }
 
+/// The reconciler's period with nodes: a sandbox of a node that went down is recorded lost this
+/// long after the node is (one `list` per node per pass).
+pub const CLUSTER_RECONCILE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
-pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
+pub async fn serve(mut config: ServerConfig) -> Result<(), ServeError> {
     let _lock = state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?;
     let runtime = if config.nodes.is_empty() {
         runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?
@@ -344,6 +348,8 @@ pub async fn serve(config: ServerConfig) -> Result<(), ServeError> {
         .await
         .map_err(|join| ServeError::Node(join.to_string()))?
         .map_err(ServeError::Node)?;
+        // A node found down loses its sandboxes at the reconciler's next pass: keep that soon.
+        config.reconcile_interval = config.reconcile_interval.min(CLUSTER_RECONCILE_INTERVAL);
         Arc::new(node::cluster::ClusterRuntime::new(nodes).map_err(ServeError::Node)?)
             as Arc<dyn Runtime>
     };

@@ -554,12 +554,16 @@ pub async fn sweep(
             report.lost.push(record.id.clone());
             continue;
         }
-        lose(
-            lifecycle,
-            &mut record,
-            "its processes are gone from the host (found by the periodic reconciler)",
-        )
-        .await?;
+        let id = record.id.clone();
+        let reason = lifecycle
+            .on_runtime(move |runtime| Ok(runtime.gone_reason(&id)))
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| {
+                "its processes are gone from the host (found by the periodic reconciler)".into()
+            });
+        lose(lifecycle, &mut record, &reason).await?;
         lifecycle.metrics().reconciled("lost");
         report.lost.push(record.id.clone());
     }

@@ -2,10 +2,18 @@
 //! the fewest sandboxes that takes it; every other call goes to the node that holds the sandbox.
 //! Which node holds which sandbox is learnt from the nodes themselves (their `list`, at start and
 //! whenever a sandbox is not known), never guessed: a node is the truth about what runs on it.
+//!
+//! A heartbeat asks every node for its hello each [`HEARTBEAT`]; a node silent for [`DOWN_AFTER`]
+//! is down: its sandboxes are reported gone (not found, with [`Runtime::gone_reason`] naming the
+//! node), so the server's reconciler records them lost, and nothing new is placed there. A node
+//! that answers again is up again; what it still runs that the server recorded lost is then
+//! untracked, and the reconciler destroys it.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
 
 use warren_runtime::{
     Capabilities, CheckpointInfo, HostCapacity, NetworkSpec, ProcessInfo, Runtime, RuntimeError,
@@ -14,9 +22,61 @@ use warren_runtime::{
 
 use super::remote::{RemoteRuntime, Unreachable};
 
+/// How often every node is asked whether it is there.
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+/// How long a node may stay silent before it is down (with the heartbeat's own wait, a node that
+/// died is down within 10 s).
+pub const DOWN_AFTER: Duration = Duration::from_secs(7);
+/// How long one heartbeat waits for its answer.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What the heartbeat knows of one node.
+#[derive(Default)]
+struct Health {
+    /// Since when the node has not answered, while it does not.
+    silent_since: Mutex<Option<(Instant, SystemTime)>>,
+    down: AtomicBool,
+}
+
+impl Health {
+    fn heard(&self, answered: bool, url: &str) {
+        let mut silent = self
+            .silent_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if answered {
+            *silent = None;
+            if self.down.swap(false, Ordering::SeqCst) {
+                tracing::warn!(node = url, "node answers again: up");
+            }
+            return;
+        }
+        let (since, _) = *silent.get_or_insert((Instant::now(), SystemTime::now()));
+        if since.elapsed() >= DOWN_AFTER && !self.down.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                node = url,
+                silent_secs = since.elapsed().as_secs(),
+                "node down: its sandboxes are lost"
+            );
+        }
+    }
+
+    fn is_down(&self) -> bool {
+        self.down.load(Ordering::SeqCst)
+    }
+
+    fn silent_since(&self) -> Option<SystemTime> {
+        self.silent_since
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .map(|(_, at)| at)
+    }
+}
+
 /// The nodes of one server.
 pub struct ClusterRuntime {
-    nodes: Vec<RemoteRuntime>,
+    nodes: Arc<Vec<RemoteRuntime>>,
+    health: Arc<Vec<Health>>,
     /// Sandbox ID → index in `nodes`.
     placed: Mutex<HashMap<String, usize>>,
 }
@@ -44,10 +104,33 @@ impl ClusterRuntime {
                 }
             }
         }
+        let nodes = Arc::new(nodes);
+        let health: Arc<Vec<Health>> = Arc::new(nodes.iter().map(|_| Health::default()).collect());
+        // The heartbeat ends with the runtime: it holds the health only weakly.
+        let (beat_nodes, beat_health) = (Arc::downgrade(&nodes), Arc::downgrade(&health));
+        std::thread::Builder::new()
+            .name("node-heartbeat".into())
+            .spawn(move || loop {
+                std::thread::sleep(HEARTBEAT);
+                let (Some(nodes), Some(health)) = (beat_nodes.upgrade(), beat_health.upgrade())
+                else {
+                    return;
+                };
+                for (node, health) in nodes.iter().zip(health.iter()) {
+                    health.heard(node.answers(HEARTBEAT_TIMEOUT), node.url());
+                }
+            })
+            .map_err(|error| format!("start the node heartbeat: {error}"))?;
         Ok(Self {
             nodes,
+            health,
             placed: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Whether node `at` is down (silent for [`DOWN_AFTER`]).
+    fn down(&self, at: usize) -> bool {
+        self.health[at].is_down()
     }
 
     fn placed(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
@@ -65,18 +148,26 @@ impl ClusterRuntime {
     }
 
     /// The node holding sandbox `id`: as last seen, else asked of every node.
+    /// A sandbox of a node that is down is not found: the server records it lost.
     fn node_of(&self, id: &str) -> Result<&RemoteRuntime, RuntimeError> {
-        if let Some(&at) = self.placed().get(id) {
-            return Ok(&self.nodes[at]);
-        }
-        for (at, node) in self.nodes.iter().enumerate() {
-            if let Ok(sandboxes) = node.list() {
-                self.remember(at, &sandboxes);
+        let known = self.placed().get(id).copied();
+        let at = match known {
+            Some(at) => Some(at),
+            None => {
+                for (at, node) in self.nodes.iter().enumerate() {
+                    if self.down(at) {
+                        continue;
+                    }
+                    if let Ok(sandboxes) = node.list() {
+                        self.remember(at, &sandboxes);
+                    }
+                }
+                self.placed().get(id).copied()
             }
-        }
-        match self.placed().get(id) {
-            Some(&at) => Ok(&self.nodes[at]),
-            None => Err(RuntimeError::NotFound(id.to_string())),
+        };
+        match at {
+            Some(at) if !self.down(at) => Ok(&self.nodes[at]),
+            _ => Err(RuntimeError::NotFound(id.to_string())),
         }
     }
 
@@ -88,7 +179,7 @@ impl ClusterRuntime {
         id: &str,
         start: impl Fn(&RemoteRuntime) -> Result<Sandbox, RuntimeError>,
     ) -> Result<Sandbox, RuntimeError> {
-        let mut order: Vec<usize> = (0..self.nodes.len()).collect();
+        let mut order: Vec<usize> = (0..self.nodes.len()).filter(|&at| !self.down(at)).collect();
         {
             let placed = self.placed();
             let load = |at: usize| placed.values().filter(|&&node| node == at).count();
@@ -111,17 +202,24 @@ impl ClusterRuntime {
                 Err(error) => return Err(error),
             }
         }
-        Err(last.unwrap_or_else(|| RuntimeError::failed("no node")))
+        Err(last.unwrap_or_else(|| RuntimeError::ResourceExhausted {
+            context: "every node is down".into(),
+            source: None,
+        }))
     }
 
-    /// Every node's sandboxes, by `each`; fails when a node does not answer (a sandbox the server
-    /// cannot see is not a sandbox that is gone).
+    /// Every node's sandboxes, by `each`, but a down node's; fails when a node that is not down
+    /// yet does not answer (a sandbox the server cannot see is not a sandbox that is gone, until
+    /// its node is declared down).
     fn gather(
         &self,
         each: impl Fn(&RemoteRuntime) -> Result<Vec<Sandbox>, RuntimeError>,
     ) -> Result<Vec<Sandbox>, RuntimeError> {
         let mut all = Vec::new();
         for (at, node) in self.nodes.iter().enumerate() {
+            if self.down(at) {
+                continue;
+            }
             let sandboxes = each(node)?;
             self.remember(at, &sandboxes);
             all.extend(sandboxes);
@@ -269,7 +367,10 @@ impl Runtime for ClusterRuntime {
         };
         let mut last = None;
         let mut answered = false;
-        for node in &self.nodes {
+        for (at, node) in self.nodes.iter().enumerate() {
+            if self.down(at) {
+                continue;
+            }
             let capacity = match node.host_capacity() {
                 Ok(capacity) => capacity,
                 Err(error) if Unreachable::never_sent(&error) => {
@@ -295,7 +396,7 @@ impl Runtime for ClusterRuntime {
     }
 
     fn forget_checkpoint(&self, checkpoint: &Path) {
-        for node in &self.nodes {
+        for node in self.nodes.iter() {
             node.forget_checkpoint(checkpoint);
         }
     }
@@ -304,12 +405,34 @@ impl Runtime for ClusterRuntime {
         self.nodes.iter().any(|node| node.network_rules_replaced())
     }
 
+    /// A sandbox no node holds has no memory on its way (as on one machine, where a sandbox that
+    /// is gone has nothing pending either).
     fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
-        self.node_of(id)?.memory_settled(id)
+        match self.node_of(id) {
+            Ok(node) => node.memory_settled(id),
+            Err(RuntimeError::NotFound(_)) => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 
     fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
         self.node_of(id)?.renew(id, until_unix_ms)
+    }
+
+    fn gone_reason(&self, id: &str) -> Option<String> {
+        let at = *self.placed().get(id)?;
+        if !self.down(at) {
+            return None;
+        }
+        let since = self.health[at]
+            .silent_since()
+            .and_then(|at| at.duration_since(SystemTime::UNIX_EPOCH).ok())
+            .map(|since| format!(" since {} (Unix seconds)", since.as_secs()))
+            .unwrap_or_default();
+        Some(format!(
+            "its node {} is down: it has not answered{since}",
+            self.nodes[at].url()
+        ))
     }
 }
 

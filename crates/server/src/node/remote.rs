@@ -174,6 +174,16 @@ impl RemoteRuntime {
         &self.url
     }
 
+    /// Whether the node answers its hello within `timeout` (a heartbeat).
+    pub fn answers(&self, timeout: Duration) -> bool {
+        self.agent
+            .get(&format!("{}{}", self.url, wire::HELLO_PATH))
+            .set("Authorization", &self.authorization)
+            .timeout(timeout)
+            .call()
+            .is_ok()
+    }
+
     fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {
         let unreachable = |reason: String| RuntimeError::Internal {
             context: format!("node {}: {reason}", self.url),
