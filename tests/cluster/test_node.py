@@ -433,3 +433,79 @@ def test_a_lost_node_loses_its_sandboxes_and_is_fenced_when_it_returns(remote_no
         limit=60,
     )
     assert next(r for r in warren.rows() if r["id"] == doomed.sandbox_id)["state"] == "failed"
+
+
+def _warren_cli(warren, *args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "E2B_API_URL": warren.api_url, "E2B_API_KEY": warren.api_key}
+    return subprocess.run([str(harness.warren_binary()), *args], capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("remote_nodes", [2], indirect=True)
+def test_a_sandbox_migrates_and_a_node_drains_with_processes_intact(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    Sandbox = harness.sdk()
+
+    def on(node):
+        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
+
+    boxes = [Sandbox.create(timeout=600) for _ in range(4)]
+    for box in boxes:
+        box.commands.run(harness.COUNTER, background=True)
+    values = {
+        box.sandbox_id: harness.wait_until("the counter counts", lambda b=box: (lambda v: v if v >= 3 else None)(harness.read_counter(b.sandbox_id)))
+        for box in boxes
+    }
+
+    # One sandbox, by the API: it moves to the other node and counts on.
+    box = boxes[0]
+    source = node_a if box.sandbox_id in on(node_a) else node_b
+    target = node_b if source is node_a else node_a
+    status, moved = warren.api("POST", f"/sandboxes/{box.sandbox_id}/migrate")
+    assert status == 200, moved
+    assert moved["from"] == source.url.split("://")[1] and moved["to"] == target.url.split("://")[1], moved
+    assert moved["sandbox"]["sandboxID"] == box.sandbox_id
+    assert box.sandbox_id in on(target) and box.sandbox_id not in on(source)
+    harness.wait_until("the moved counter counts on", lambda: harness.read_counter(box.sandbox_id) > values[box.sandbox_id], limit=30)
+
+    # A whole node, by the CLI: everything running on node A goes to node B, and nothing new
+    # lands on A until it is let on again.
+    on_a = on(node_a)
+    assert on_a, "node A holds sandboxes before the drain"
+    node_a_id = node_a.url.split("://")[1]
+    drained = _warren_cli(warren, "nodes", "drain", node_a_id)
+    assert drained.returncode == 0, drained.stdout + drained.stderr
+    assert on(node_a) == set() and on_a <= on(node_b), (on(node_a), on(node_b))
+    for sandbox_id in on_a:
+        assert f"{sandbox_id}: moved to {node_b.url.split('://')[1]}" in drained.stdout, drained.stdout
+        harness.wait_until("a drained counter counts on", lambda s=sandbox_id: harness.read_counter(s) >= values[s], limit=30)
+    listed = _warren_cli(warren, "nodes", "list")
+    assert f"{node_a_id}  draining" in listed.stdout, listed.stdout
+    assert Sandbox.create(timeout=600).sandbox_id in on(node_b)
+
+    undrained = _warren_cli(warren, "nodes", "undrain", node_a_id)
+    assert undrained.returncode == 0, undrained.stderr
+    assert Sandbox.create(timeout=600).sandbox_id in on(node_a), "the least loaded node, taking sandboxes again"
+
+    status, answer = warren.api("POST", "/nodes/198.18.99.9:1/drain")
+    assert status == 404, answer
+
+
+def test_a_server_without_nodes_refuses_migrate_and_drain_naming_why():
+    reason = harness.missing_prerequisite()
+    if reason:
+        sys.__stderr__.write(f"SKIP: {reason}\n")
+        pytest.skip(reason)
+    warren = harness.Warren()
+    try:
+        warren.start()
+        status, nodes = warren.api("GET", "/nodes")
+        assert (status, nodes) == (200, [])
+        status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+        assert status == 201, body
+        status, answer = warren.api("POST", f"/sandboxes/{body['sandboxID']}/migrate")
+        assert status == 409 and "no node" in answer["message"], answer
+        status, answer = warren.api("POST", "/nodes/127.0.0.1:3100/drain")
+        assert status == 501 and "own machine" in answer["message"], answer
+    finally:
+        warren.cleanup()

@@ -75,6 +75,10 @@ pub enum Command {
     /// Run this machine's sandboxes for a server elsewhere (`warren up --node`): the runtime and
     /// its API, no store, no REST API (docs/cluster.md).
     Node(Box<NodeArgs>),
+    /// The nodes of a server in cluster mode: list them, drain one (its running sandboxes move to
+    /// the others), let one take sandboxes again (admin keys).
+    #[command(subcommand)]
+    Nodes(NodesCommand),
     /// Find and remove what sandboxes of deleted state directories left on this host: their
     /// processes and supervisors, mounts, cgroups and lxcfs mounts (needs root).
     Gc(GcArgs),
@@ -381,6 +385,23 @@ pub struct UpArgs {
     pub tls_key: Option<PathBuf>,
 }
 
+#[derive(Debug, Subcommand)]
+pub enum NodesCommand {
+    /// List the server's nodes.
+    #[command(visible_alias = "ls")]
+    List,
+    /// Keep new sandboxes off a node and move its running sandboxes to the others.
+    Drain {
+        /// The node, HOST:PORT as `warren nodes list` shows it.
+        node: String,
+    },
+    /// Let a drained node take new sandboxes again.
+    Undrain {
+        /// The node, HOST:PORT.
+        node: String,
+    },
+}
+
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// Address of the node API (the server's `--node` URL points here). Calls carry the node's
@@ -496,6 +517,12 @@ pub enum SandboxCommand {
         ids: Vec<String>,
     },
     /// Pause a running sandbox.
+    /// Move a running sandbox to another node of the server (cluster mode): paused to a checkpoint
+    /// and resumed there, processes intact.
+    Migrate {
+        /// Sandbox ID.
+        id: String,
+    },
     Pause {
         /// Sandbox ID.
         id: String,

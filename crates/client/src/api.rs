@@ -470,6 +470,38 @@ impl ApiClient {
         self.send(request).await.map(drop)
     }
 
+    /// Moves a running sandbox to another node (`POST /sandboxes/{id}/migrate`, cluster mode);
+    /// the answer has `sandbox`, `from` and `to`.
+    pub async fn migrate_sandbox(&self, id: &str) -> Result<serde_json::Value, ApiError> {
+        self.send_json(self.request(
+            Method::POST,
+            &format!("sandboxes/{}/migrate", path_segment(id)),
+        )?)
+        .await
+    }
+
+    /// The server's nodes (`GET /nodes`, admin keys): `nodeID`, `url`, `up`, `draining`,
+    /// `sandboxes` each.
+    pub async fn list_nodes(&self) -> Result<Vec<serde_json::Value>, ApiError> {
+        self.send_json(self.request(Method::GET, "nodes")?).await
+    }
+
+    /// Drains a node (`POST /nodes/{id}/drain`); the answer lists what `moved` and what `failed`.
+    pub async fn drain_node(&self, node: &str) -> Result<serde_json::Value, ApiError> {
+        self.send_json(self.request(Method::POST, &format!("nodes/{}/drain", path_segment(node)))?)
+            .await
+    }
+
+    /// Lets new sandboxes on a drained node again (`DELETE /nodes/{id}/drain`).
+    pub async fn undrain_node(&self, node: &str) -> Result<(), ApiError> {
+        self.send(self.request(
+            Method::DELETE,
+            &format!("nodes/{}/drain", path_segment(node)),
+        )?)
+        .await
+        .map(drop)
+    }
+
     fn request(&self, method: Method, path: &str) -> Result<RequestBuilder, ApiError> {
         let url = self.base.join(path).map_err(|source| ApiError::BadUrl {
             url: format!("{}{path}", self.base),

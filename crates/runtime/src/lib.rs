@@ -180,6 +180,20 @@ pub struct Capabilities {
     pub checkpoint: bool,
 }
 
+/// One machine of a runtime spread over several (cluster mode), as the server sees it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct NodeState {
+    /// `HOST:PORT` of the node's API: how operators name it.
+    pub id: String,
+    pub url: String,
+    /// False once it has stayed silent long enough to be declared down.
+    pub up: bool,
+    /// New sandboxes are kept off it.
+    pub draining: bool,
+    /// Sandboxes of this server it holds.
+    pub sandboxes: usize,
+}
+
 /// Where a checkpoint lives and what it holds.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct CheckpointInfo {
@@ -425,6 +439,31 @@ pub trait Runtime: Send + Sync {
     fn memory_settled(&self, id: &str) -> Result<(), RuntimeError> {
         let _ = id;
         Ok(())
+    }
+    /// The machines of a runtime spread over several (empty for one machine).
+    fn nodes(&self) -> Vec<NodeState> {
+        Vec::new()
+    }
+    /// The node sandbox `id` runs on ([`NodeState::id`]); None on one machine or when no node
+    /// holds it.
+    fn node_of(&self, id: &str) -> Option<String> {
+        let _ = id;
+        None
+    }
+    /// Keeps new sandboxes off `node` while `draining`, or lets them on again.
+    fn set_draining(&self, node: &str, draining: bool) -> Result<(), RuntimeError> {
+        let _ = (node, draining);
+        Err(RuntimeError::Unsupported(
+            "draining a node: this server runs its sandboxes on its own machine".into(),
+        ))
+    }
+    /// The next start of sandbox `id` (the restore of a migration) goes anywhere but `node`.
+    fn avoid_node(&self, id: &str, node: &str) -> Result<(), RuntimeError> {
+        let _ = (id, node);
+        Err(RuntimeError::Unsupported(
+            "moving a sandbox to another node: this server runs its sandboxes on its own machine"
+                .into(),
+        ))
     }
     /// Why sandbox `id` is no longer found, when the runtime knows more than that it is gone (a
     /// cluster: its node stopped answering); None otherwise.

@@ -8,6 +8,7 @@ pub mod key;
 pub mod lab;
 pub mod logs;
 pub mod node;
+pub mod nodes;
 pub mod sandbox;
 pub mod shell;
 pub mod template;
@@ -78,6 +79,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Events(args) => events::run(&global, args).await,
         Command::Down(args) => down::run(&global, args).await,
         Command::Node(args) => node::run(*args).await,
+        Command::Nodes(command) => nodes::run(&global, command).await,
         Command::Gc(args) => gc::run(&global, args),
         Command::Lab(command) => lab::run(&global, command).await,
     }

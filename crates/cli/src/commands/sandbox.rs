@@ -34,6 +34,16 @@ pub async fn run(global: &GlobalArgs, command: SandboxCommand) -> Result<i32, Co
             api_client(global)?.pause_sandbox_as(&id, &request).await?;
             report(global, &id, "paused")
         }
+        SandboxCommand::Migrate { id } => {
+            let moved = api_client(global)?.migrate_sandbox(&id).await?;
+            if global.json {
+                print_json(&moved)?;
+            } else {
+                let text = |key: &str| moved[key].as_str().unwrap_or("?").to_string();
+                println!("{id}: moved from {} to {}", text("from"), text("to"));
+            }
+            Ok(exit_code::OK)
+        }
         SandboxCommand::Resume {
             id,
             timeout,

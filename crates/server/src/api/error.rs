@@ -186,6 +186,9 @@ impl From<LifecycleError> for ApiError {
             LifecycleError::TemplateNotFound(id) => {
                 ApiError::not_found(format!("template '{id}' not found"))
             }
+            LifecycleError::NodeNotFound(node) => ApiError::not_found(format!(
+                "node '{node}' is not one of this server's (GET /nodes lists them)"
+            )),
             LifecycleError::WorkspaceNotFound(user) => {
                 ApiError::not_found(format!("user '{user}' has no workspace"))
             }

@@ -6,6 +6,7 @@ pub mod error;
 pub(crate) mod events;
 pub mod extract;
 mod meta;
+mod nodes;
 mod paging;
 pub(crate) mod sandboxes;
 mod secrets;
@@ -50,6 +51,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .merge(teams::router())
         .merge(workspaces::router())
         .merge(volumes::router())
+        .merge(nodes::router())
         .merge(meta::router())
 }
 

@@ -17,6 +17,7 @@ pub mod workspaces;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 pub use idempotency::IdempotencyKey;
+pub use operations::migrate;
 pub use operations::pool;
 pub use operations::{
     CreateRequest, CreatedSandbox, Lifecycle, LifecycleError, LogItem, LogTail, PauseMode,

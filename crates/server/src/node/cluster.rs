@@ -77,8 +77,12 @@ impl Health {
 pub struct ClusterRuntime {
     nodes: Arc<Vec<RemoteRuntime>>,
     health: Arc<Vec<Health>>,
+    /// Nodes new sandboxes are kept off.
+    draining: Vec<AtomicBool>,
     /// Sandbox ID → index in `nodes`.
     placed: Mutex<HashMap<String, usize>>,
+    /// Sandbox ID → the node its next start must not go to (a migration's).
+    avoid: Mutex<HashMap<String, usize>>,
 }
 
 impl ClusterRuntime {
@@ -122,10 +126,19 @@ impl ClusterRuntime {
             })
             .map_err(|error| format!("start the node heartbeat: {error}"))?;
         Ok(Self {
+            draining: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
             nodes,
             health,
             placed: Mutex::new(HashMap::new()),
+            avoid: Mutex::new(HashMap::new()),
         })
+    }
+
+    fn index_of(&self, node: &str) -> Result<usize, RuntimeError> {
+        self.nodes
+            .iter()
+            .position(|n| n.id() == node)
+            .ok_or_else(|| RuntimeError::NotFound(format!("node {node}")))
     }
 
     /// Whether node `at` is down (silent for [`DOWN_AFTER`]).
@@ -179,7 +192,16 @@ impl ClusterRuntime {
         id: &str,
         start: impl Fn(&RemoteRuntime) -> Result<Sandbox, RuntimeError>,
     ) -> Result<Sandbox, RuntimeError> {
-        let mut order: Vec<usize> = (0..self.nodes.len()).filter(|&at| !self.down(at)).collect();
+        let avoided = self
+            .avoid
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(id);
+        let mut order: Vec<usize> = (0..self.nodes.len())
+            .filter(|&at| {
+                !self.down(at) && !self.draining[at].load(Ordering::SeqCst) && Some(at) != avoided
+            })
+            .collect();
         {
             let placed = self.placed();
             let load = |at: usize| placed.values().filter(|&&node| node == at).count();
@@ -203,7 +225,7 @@ impl ClusterRuntime {
             }
         }
         Err(last.unwrap_or_else(|| RuntimeError::ResourceExhausted {
-            context: "every node is down".into(),
+            context: "no node can take a sandbox: every other node is down or draining".into(),
             source: None,
         }))
     }
@@ -417,6 +439,53 @@ impl Runtime for ClusterRuntime {
 
     fn renew(&self, id: &str, until_unix_ms: u64) -> Result<(), RuntimeError> {
         self.node_of(id)?.renew(id, until_unix_ms)
+    }
+
+    fn nodes(&self) -> Vec<warren_runtime::NodeState> {
+        let placed = self.placed();
+        self.nodes
+            .iter()
+            .enumerate()
+            .map(|(at, node)| warren_runtime::NodeState {
+                id: node.id().to_string(),
+                url: node.url().to_string(),
+                up: !self.down(at),
+                draining: self.draining[at].load(Ordering::SeqCst),
+                sandboxes: placed.values().filter(|&&n| n == at).count(),
+            })
+            .collect()
+    }
+
+    fn node_of(&self, id: &str) -> Option<String> {
+        let at = *self.placed().get(id)?;
+        Some(self.nodes[at].id().to_string())
+    }
+
+    fn set_draining(&self, node: &str, draining: bool) -> Result<(), RuntimeError> {
+        let at = self.index_of(node)?;
+        self.draining[at].store(draining, Ordering::SeqCst);
+        tracing::info!(node, draining, "node drain set");
+        Ok(())
+    }
+
+    fn avoid_node(&self, id: &str, node: &str) -> Result<(), RuntimeError> {
+        let at = self.index_of(node)?;
+        let elsewhere = (0..self.nodes.len()).any(|other| {
+            other != at && !self.down(other) && !self.draining[other].load(Ordering::SeqCst)
+        });
+        if !elsewhere {
+            return Err(RuntimeError::ResourceExhausted {
+                context: format!(
+                    "no node but {node} can take sandbox {id} (the others are down or draining)"
+                ),
+                source: None,
+            });
+        }
+        self.avoid
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(id.to_string(), at);
+        Ok(())
     }
 
     fn gone_reason(&self, id: &str) -> Option<String> {

@@ -174,6 +174,13 @@ impl RemoteRuntime {
         &self.url
     }
 
+    /// `HOST:PORT` of the node's URL: its name in the API and the CLI.
+    pub fn id(&self) -> &str {
+        self.url
+            .split_once("://")
+            .map_or(self.url.as_str(), |(_, rest)| rest)
+    }
+
     /// Whether the node answers its hello within `timeout` (a heartbeat).
     pub fn answers(&self, timeout: Duration) -> bool {
         self.agent

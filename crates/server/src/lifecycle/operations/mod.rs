@@ -7,6 +7,7 @@ mod kill;
 mod log_tail;
 pub use log_tail::LogTail;
 mod logs;
+pub mod migrate;
 pub use logs::LogItem;
 mod network;
 mod orphans;
@@ -53,6 +54,8 @@ pub enum LifecycleError {
     TemplateNotFound(String),
     #[error("user {0} has no workspace")]
     WorkspaceNotFound(String),
+    #[error("node {0} not found")]
+    NodeNotFound(String),
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
