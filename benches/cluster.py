@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Cluster mode's cost (issue 21): create latency through a server whose sandboxes run on 1, 2 or 3
+`warren node`s, each node in a network namespace of its own (test-owned 198.18.x addresses, no
+default route), against the same machine's `warren up` with no nodes, in the same run.
+
+Run inside scripts/private-netns, with the release binary:
+
+    WARREN_BIN=target/release/warren scripts/private-netns .venv/bin/python benches/cluster.py [--creates N] [--json F]
+
+Each configuration: a fresh server (and nodes), 5 creates to warm up, then N sequential creates
+(`POST /sandboxes`, each killed after) for p50/p99, then N creates by 4 clients at once for the rate.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "crash"))
+sys.path.insert(0, str(REPO / "tests" / "cluster"))
+
+import harness  # noqa: E402
+import test_node as cluster  # noqa: E402
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))]
+
+
+def create_and_kill(warren) -> float:
+    started = time.perf_counter()
+    status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+    took = (time.perf_counter() - started) * 1000
+    if status != 201:
+        raise RuntimeError(f"create answered {status}: {body}")
+    warren.api("DELETE", f"/sandboxes/{body['sandboxID']}")
+    return took
+
+
+def measure(warren, creates: int) -> dict:
+    for _ in range(5):
+        create_and_kill(warren)
+    latencies = [create_and_kill(warren) for _ in range(creates)]
+    done, errors = [], []
+
+    def client(count: int):
+        for _ in range(count):
+            try:
+                done.append(create_and_kill(warren))
+            except Exception as error:  # noqa: BLE001 - counted and reported
+                errors.append(str(error))
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(creates // 4,)) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    return {
+        "create_p50_ms": round(pct(latencies, 50), 1),
+        "create_p99_ms": round(pct(latencies, 99), 1),
+        "create_and_kill_per_s_4_clients": round(len(done) / seconds, 1),
+        "errors": len(errors),
+    }
+
+
+def with_nodes(count: int, creates: int) -> dict:
+    server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
+    nodes, made = [], []
+    warren = None
+    try:
+        token = None
+        for index in range(count):
+            name, lan = f"wt-bench-{index}", f"wt-lan-{index}"
+            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
+            cluster._node_namespace(name, lan, server_address, node_address)
+            made.append((name, lan))
+            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
+            if token is not None:
+                extra += ["--token-file", str(token)]
+            node = cluster.Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
+            node.start()
+            nodes.append(node)
+            token = node.token_file
+        warren = cluster.RemoteCluster(nodes, server_state) if nodes else harness.Warren(server_state)
+        warren.start()
+        return measure(warren, creates)
+    finally:
+        if warren is not None:
+            warren.cleanup()
+        for node in nodes:
+            node.stop()
+        for node in nodes:
+            shutil.rmtree(node.state_dir, ignore_errors=True)
+        for name, lan in made:
+            cluster._remove_namespace(name, lan)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--creates", type=int, default=40)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args()
+    reason = harness.missing_prerequisite()
+    if reason:
+        print(f"SKIP: {reason}")
+        return 0
+    results = {}
+    for count in (0, 1, 2, 3):
+        label = "no nodes (warren up alone)" if count == 0 else f"{count} node(s)"
+        results[label] = with_nodes(count, args.creates)
+        print(f"{label:28} {json.dumps(results[label])}", flush=True)
+    base = results["no nodes (warren up alone)"]["create_p50_ms"]
+    for label, result in results.items():
+        result["p50_vs_no_nodes"] = round(result["create_p50_ms"] / base, 2)
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
