@@ -1102,4 +1102,48 @@ mod tests {
             [PathBuf::from("/srv/a"), PathBuf::from("/srv/b")]
         );
     }
+
+    #[test]
+    fn the_systemd_units_name_only_variables_and_flags_that_exist() {
+        use clap::CommandFactory;
+        let cli = Cli::command();
+        let mut variables = std::collections::BTreeSet::new();
+        let mut flags = std::collections::BTreeSet::new();
+        for name in ["up", "node"] {
+            let command = cli.find_subcommand(name).expect("subcommand");
+            for arg in command.get_arguments() {
+                if let Some(env) = arg.get_env() {
+                    variables.insert(env.to_string_lossy().into_owned());
+                }
+                if let Some(long) = arg.get_long() {
+                    flags.insert(format!("--{long}"));
+                }
+            }
+        }
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/systemd");
+        let mut units = 0;
+        for entry in std::fs::read_dir(&dir).expect("deploy/systemd") {
+            let text = std::fs::read_to_string(entry.expect("entry").path()).expect("unit");
+            units += 1;
+            let words = |line: &str| -> Vec<String> {
+                line.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+                    .map(str::to_string)
+                    .collect()
+            };
+            for word in words(&text) {
+                if word.starts_with("WARREN_") {
+                    assert!(variables.contains(&word), "{word} is no flag's variable");
+                }
+            }
+            for line in text.lines().filter(|l| l.starts_with("ExecStart=")) {
+                for word in words(line).into_iter().filter(|w| w.starts_with("--")) {
+                    assert!(
+                        flags.contains(&word),
+                        "{word} is no flag of warren up or node"
+                    );
+                }
+            }
+        }
+        assert_eq!(units, 2);
+    }
 }
