@@ -509,3 +509,32 @@ def test_a_server_without_nodes_refuses_migrate_and_drain_naming_why():
         assert status == 501 and "own machine" in answer["message"], answer
     finally:
         warren.cleanup()
+
+
+@pytest.mark.parametrize("remote_nodes", [2], indirect=True)
+def test_a_template_built_on_nodes_starts_running_on_either(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    context = Path(tempfile.mkdtemp(prefix="wt-cluster-template-"))
+    try:
+        (context / "e2b.Dockerfile").write_text("FROM debian:bookworm\nRUN echo built-on-a-node > /greeting\n")
+        built = _warren_cli(
+            warren, "template", "build", str(context), "--name", "wt-cluster-tpl",
+            "--start-cmd", "python3 -m http.server 8080 --directory /",
+            "--ready-cmd", "python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/greeting')\"",
+        )
+        assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    finally:
+        shutil.rmtree(context, ignore_errors=True)
+    # The template's layers and checkpoint are in the server's state directory, which both nodes
+    # share: two sandboxes of it land on both nodes, each with the start command already serving.
+    Sandbox = harness.sdk()
+    first, second = Sandbox.create(template="wt-cluster-tpl", timeout=600), Sandbox.create(template="wt-cluster-tpl", timeout=600)
+    holders = {
+        box.sandbox_id: ("a" if box.sandbox_id in {p.name for p in (node_a.state_dir / "sandboxes").iterdir()} else "b")
+        for box in (first, second)
+    }
+    assert sorted(holders.values()) == ["a", "b"], holders
+    for box in (first, second):
+        served = box.commands.run("curl -s http://127.0.0.1:8080/greeting").stdout.strip()
+        assert served == "built-on-a-node", served
