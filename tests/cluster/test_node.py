@@ -137,6 +137,11 @@ def cluster():
         shutil.rmtree(node.state_dir, ignore_errors=True)
 
 
+def on(node: Node) -> set[str]:
+    """The sandboxes `node` holds (its state directory's)."""
+    return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
+
+
 def _supervisor_dirs() -> list[str]:
     return [cmd for _, cmd in harness.processes_mentioning("warren-supervisor") if "/sandboxes/" in cmd]
 
@@ -358,9 +363,6 @@ def test_sandboxes_spread_over_two_nodes_and_a_paused_one_resumes_on_the_other(r
     warren.start()
     Sandbox = harness.sdk()
 
-    def on(node):
-        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
-
     boxes = [Sandbox.create(timeout=600) for _ in range(4)]
     assert len(on(node_a)) == 2 and len(on(node_b)) == 2, (on(node_a), on(node_b))
     for box in boxes:
@@ -395,9 +397,6 @@ def test_a_lost_node_loses_its_sandboxes_and_is_fenced_when_it_returns(remote_no
     (node_a, node_b), warren = remote_nodes
     warren.start()
     Sandbox = harness.sdk()
-
-    def on(node):
-        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
 
     first, second = Sandbox.create(timeout=600), Sandbox.create(timeout=600)
     doomed = next(box for box in (first, second) if box.sandbox_id in on(node_b))
@@ -445,9 +444,6 @@ def test_a_sandbox_migrates_and_a_node_drains_with_processes_intact(remote_nodes
     (node_a, node_b), warren = remote_nodes
     warren.start()
     Sandbox = harness.sdk()
-
-    def on(node):
-        return {p.name for p in (node.state_dir / "sandboxes").iterdir()}
 
     boxes = [Sandbox.create(timeout=600) for _ in range(4)]
     for box in boxes:
@@ -530,10 +526,7 @@ def test_a_template_built_on_nodes_starts_running_on_either(remote_nodes):
     # share: two sandboxes of it land on both nodes, each with the start command already serving.
     Sandbox = harness.sdk()
     first, second = Sandbox.create(template="wt-cluster-tpl", timeout=600), Sandbox.create(template="wt-cluster-tpl", timeout=600)
-    holders = {
-        box.sandbox_id: ("a" if box.sandbox_id in {p.name for p in (node_a.state_dir / "sandboxes").iterdir()} else "b")
-        for box in (first, second)
-    }
+    holders = {box.sandbox_id: ("a" if box.sandbox_id in on(node_a) else "b") for box in (first, second)}
     assert sorted(holders.values()) == ["a", "b"], holders
     for box in (first, second):
         served = box.commands.run("curl -s http://127.0.0.1:8080/greeting").stdout.strip()

@@ -185,9 +185,6 @@ pub struct UpArgs {
     pub proxy_listen: String,
     #[command(flatten)]
     pub state: StateArgs,
-    /// The static warren-agent binary mounted into every sandbox.
-    #[arg(long, env = "WARREN_AGENT")]
-    pub agent: Option<PathBuf>,
     /// Root filesystem of the `base` template.
     #[arg(long, env = "WARREN_BASE_ROOTFS")]
     pub base_rootfs: Option<PathBuf>,
@@ -234,50 +231,8 @@ pub struct UpArgs {
     /// state disk out of space (docs/security.md).
     #[arg(long, env = "WARREN_DISK_OVERCOMMIT", value_name = "RATIO", value_parser = parse_overcommit)]
     pub disk_overcommit: Option<f64>,
-    /// Leave the kernel's RCU grace periods as they are. By default Warren sets
-    /// /sys/kernel/rcu_expedited to 1 (host-wide, kept after it stops), which takes ~10 ms off every
-    /// create on cgroup v1 hosts.
-    #[arg(long, env = "WARREN_KEEP_RCU_NORMAL")]
-    pub keep_rcu_normal: bool,
-    /// Set no_new_privs on every sandbox: setuid programs (sudo, su, ping on some images) stop
-    /// working inside. Off by default, as in Docker and E2B, where `user` has passwordless sudo; root
-    /// inside keeps the reduced capability set and seccomp filter either way.
-    #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
-    pub no_new_privs: bool,
-    /// Restore checkpoints (resume, fork, running-state templates) eagerly: every memory page is read
-    /// and checked before the processes run again. By default they run as soon as their process tree
-    /// is rebuilt and the memory follows lazily, each chunk checked before it is used
-    /// (docs/checkpoints.md).
-    #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
-    pub no_lazy_restore: bool,
-    /// Sandbox supervisors kept started ahead of need, so that a create does not wait for one to
-    /// start (about 2 ms of a create here); 0 starts one per create, at most 64. Each is an idle
-    /// process that holds nothing until it is handed a sandbox, and exits when the server does.
-    #[arg(
-        long,
-        env = "WARREN_STANDBY_SUPERVISORS",
-        default_value_t = 2,
-        value_name = "N",
-        value_parser = clap::value_parser!(u16).range(0..=64)
-    )]
-    pub standby_supervisors: u16,
-    /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
-    /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
-    /// sandbox, decides where an allowed name's connection goes (docs/network.md).
-    #[arg(
-        long = "egress-resolver",
-        env = "WARREN_EGRESS_RESOLVER",
-        value_delimiter = ','
-    )]
-    pub egress_resolvers: Vec<String>,
-    /// CA certificate (PEM file; repeat for more) the egress proxy trusts, besides the host's trust
-    /// store, when it connects to hosts whose requests get header rules (`network.rules`).
-    #[arg(
-        long = "egress-upstream-ca",
-        env = "WARREN_EGRESS_UPSTREAM_CA",
-        value_delimiter = ','
-    )]
-    pub egress_upstream_ca: Vec<PathBuf>,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
     /// The 32-byte key (raw, or 64 hex digits) stored secrets are sealed with. Default:
     /// <state-dir>/secrets.key, made (mode 0600) at first start. Back it up with the database:
     /// without it stored secrets cannot be read (docs/secrets.md).
@@ -442,19 +397,36 @@ pub struct NodeArgs {
     /// missing. Default: <state-dir>/node.token.
     #[arg(long, env = "WARREN_NODE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub runtime: RuntimeArgs,
+}
+
+/// The sandbox runtime's own settings: `warren up`'s (unless its sandboxes run on nodes) and
+/// `warren node`'s.
+#[derive(Debug, Args)]
+pub struct RuntimeArgs {
     /// The static warren-agent binary mounted into every sandbox.
     #[arg(long, env = "WARREN_AGENT")]
     pub agent: Option<PathBuf>,
-    /// As `warren up --keep-rcu-normal`.
+    /// Leave the kernel's RCU grace periods as they are. By default Warren sets
+    /// /sys/kernel/rcu_expedited to 1 (host-wide, kept after it stops), which takes ~10 ms off every
+    /// create on cgroup v1 hosts.
     #[arg(long, env = "WARREN_KEEP_RCU_NORMAL")]
     pub keep_rcu_normal: bool,
-    /// As `warren up --no-new-privs`.
+    /// Set no_new_privs on every sandbox: setuid programs (sudo, su, ping on some images) stop
+    /// working inside. Off by default, as in Docker and E2B, where `user` has passwordless sudo; root
+    /// inside keeps the reduced capability set and seccomp filter either way.
     #[arg(long, env = "WARREN_NO_NEW_PRIVS")]
     pub no_new_privs: bool,
-    /// As `warren up --no-lazy-restore`.
+    /// Restore checkpoints (resume, fork, running-state templates) eagerly: every memory page is read
+    /// and checked before the processes run again. By default they run as soon as their process tree
+    /// is rebuilt and the memory follows lazily, each chunk checked before it is used
+    /// (docs/checkpoints.md).
     #[arg(long, env = "WARREN_NO_LAZY_RESTORE")]
     pub no_lazy_restore: bool,
-    /// As `warren up --standby-supervisors`.
+    /// Sandbox supervisors kept started ahead of need, so that a create does not wait for one to
+    /// start (about 2 ms of a create here); 0 starts one per create, at most 64. Each is an idle
+    /// process that holds nothing until it is handed a sandbox, and exits when the server does.
     #[arg(
         long,
         env = "WARREN_STANDBY_SUPERVISORS",
@@ -463,14 +435,17 @@ pub struct NodeArgs {
         value_parser = clap::value_parser!(u16).range(0..=64)
     )]
     pub standby_supervisors: u16,
-    /// As `warren up --egress-resolver`.
+    /// DNS server (IP or IP:PORT; repeat for more) the egress proxy resolves the host names of
+    /// sandboxes' `allowOut` rules with. Default: the host's /etc/resolv.conf. The proxy, not the
+    /// sandbox, decides where an allowed name's connection goes (docs/network.md).
     #[arg(
         long = "egress-resolver",
         env = "WARREN_EGRESS_RESOLVER",
         value_delimiter = ','
     )]
     pub egress_resolvers: Vec<String>,
-    /// As `warren up --egress-upstream-ca`.
+    /// CA certificate (PEM file; repeat for more) the egress proxy trusts, besides the host's trust
+    /// store, when it connects to hosts whose requests get header rules (`network.rules`).
     #[arg(
         long = "egress-upstream-ca",
         env = "WARREN_EGRESS_UPSTREAM_CA",
@@ -1026,7 +1001,7 @@ mod tests {
             let mut all = vec!["up"];
             all.extend_from_slice(args);
             parse(&all).map(|cli| match cli.command {
-                Command::Up(up) => up.standby_supervisors,
+                Command::Up(up) => up.runtime.standby_supervisors,
                 other => panic!("wrong command: {other:?}"),
             })
         };

@@ -23,6 +23,7 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
     super::up::init_logging();
     let listen = super::up::parse_listen("--listen", &args.listen)?;
     let egress_resolvers = args
+        .runtime
         .egress_resolvers
         .iter()
         .map(|raw| super::up::parse_resolver(raw))
@@ -43,18 +44,18 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
     })?;
     let mut runtime = LinuxRuntimeConfig {
         state_dir: args.state_dir.clone(),
-        expedite_rcu: !args.keep_rcu_normal,
-        no_new_privs: args.no_new_privs,
-        lazy_restore: !args.no_lazy_restore,
-        standby_supervisors: usize::from(args.standby_supervisors),
+        expedite_rcu: !args.runtime.keep_rcu_normal,
+        no_new_privs: args.runtime.no_new_privs,
+        lazy_restore: !args.runtime.no_lazy_restore,
+        standby_supervisors: usize::from(args.runtime.standby_supervisors),
         egress_resolvers,
-        egress_upstream_ca: args.egress_upstream_ca.clone(),
+        egress_upstream_ca: args.runtime.egress_upstream_ca.clone(),
         gateway: args.subnet.0,
         subnet_prefix: args.subnet.1,
         server_addresses: args.server_addresses.clone(),
         ..LinuxRuntimeConfig::default()
     };
-    if let Some(agent) = &args.agent {
+    if let Some(agent) = &args.runtime.agent {
         runtime.agent_binary = agent.clone();
     }
     println!("node token file: {}", token_file.display());

@@ -35,6 +35,7 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
     let mut config = server_config(state_dir.clone(), api_listen, proxy_listen, &args);
     config.database_url = state_dir::database_url(&args.state)?;
     config.egress_resolvers = args
+        .runtime
         .egress_resolvers
         .iter()
         .map(|raw| parse_resolver(raw))
@@ -102,7 +103,7 @@ fn server_config(
     let mut config = ServerConfig::new(state_dir);
     config.api_listen = api_listen;
     config.proxy_listen = proxy_listen;
-    config.agent_binary = args.agent.clone();
+    config.agent_binary = args.runtime.agent.clone();
     if let Some(rootfs) = &args.base_rootfs {
         config.base_rootfs = rootfs.clone();
     }
@@ -138,11 +139,11 @@ fn server_config(
     if let Some(ratio) = args.disk_overcommit {
         config.limits.disk_overcommit = ratio;
     }
-    config.expedite_rcu = !args.keep_rcu_normal;
-    config.no_new_privs = args.no_new_privs;
-    config.lazy_restore = !args.no_lazy_restore;
-    config.standby_supervisors = usize::from(args.standby_supervisors);
-    config.egress_upstream_ca = args.egress_upstream_ca.clone();
+    config.expedite_rcu = !args.runtime.keep_rcu_normal;
+    config.no_new_privs = args.runtime.no_new_privs;
+    config.lazy_restore = !args.runtime.no_lazy_restore;
+    config.standby_supervisors = usize::from(args.runtime.standby_supervisors);
+    config.egress_upstream_ca = args.runtime.egress_upstream_ca.clone();
     config.secrets_key_file = args.secrets_key_file.clone();
     config.warm_pools = args.warm_pool.clone();
     config.build_timeout = std::time::Duration::from_secs(args.build_timeout_secs.max(1));
