@@ -42,7 +42,8 @@ class Node:
 
     @property
     def url(self) -> str:
-        return f"http://{self.address}:{self.port}"
+        scheme = "https" if "--tls" in self.extra else "http"
+        return f"{scheme}://{self.address}:{self.port}"
 
     @property
     def token_file(self) -> Path:
@@ -531,3 +532,58 @@ def test_a_template_built_on_nodes_starts_running_on_either(remote_nodes):
     for box in (first, second):
         served = box.commands.run("curl -s http://127.0.0.1:8080/greeting").stdout.strip()
         assert served == "built-on-a-node", served
+
+
+def test_a_node_over_tls_serves_a_server_that_trusts_its_ca_and_no_other(tmp_path):
+    reason = harness.missing_prerequisite()
+    if reason:
+        sys.__stderr__.write(f"SKIP: {reason}\n")
+        pytest.skip(reason)
+    netns, lan = f"wt-node-{os.getpid()}-tls", "wt-lan-tls"
+    server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
+    _node_namespace(netns, lan, "198.18.20.1", "198.18.20.2")
+    node = Node(
+        [server_state, harness.base_rootfs()],
+        netns=netns,
+        address="198.18.20.2",
+        extra=["--tls", "--subnet", "10.90.0.1/16", "--server-address", "198.18.20.1"],
+    )
+    warren = None
+    try:
+        node.start()
+        ca = node.state_dir / "tls" / "ca.crt"
+        assert node.url.startswith("https://") and ca.is_file()
+
+        # Without the node's CA the server refuses to start, naming the node (on a state
+        # directory of its own: the hello fails before the shared directories are looked at).
+        refused = RemoteWarren(node, tmp_path / "refused")
+        run = subprocess.run(refused._command(), capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and node.url in run.stderr, run.stderr[-2000:]
+        assert "certificate" in run.stderr.lower(), run.stderr[-2000:]
+        # Plain http to a TLS node is no node at all.
+        plain = refused._command()
+        plain[plain.index("--node") + 1] = node.url.replace("https://", "http://")
+        run = subprocess.run(plain, capture_output=True, text=True, timeout=60)
+        assert run.returncode != 0 and "not reachable" in run.stderr, run.stderr[-2000:]
+
+        class TrustingWarren(RemoteWarren):
+            def _command(self) -> list[str]:
+                return super()._command() + ["--node-ca-file", str(ca)]
+
+        warren = TrustingWarren(node, server_state)
+        warren.start()
+        box = harness.sdk().create(timeout=600)
+        assert box.commands.run("hostname -I").stdout.strip().startswith("10.90.")
+        box.kill()
+        # The token still counts over TLS.
+        request = urllib.request.Request(node.url + "/v1/hello", headers={"Authorization": "Bearer wrong"})
+        context = __import__("ssl").create_default_context(cafile=str(ca))
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10, context=context)
+        assert refused.value.code == 401
+    finally:
+        if warren is not None:
+            warren.cleanup()
+        node.stop()
+        shutil.rmtree(node.state_dir, ignore_errors=True)
+        _remove_namespace(netns, lan)

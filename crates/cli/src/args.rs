@@ -254,6 +254,16 @@ pub struct UpArgs {
         ]
     )]
     pub node: Vec<String>,
+    /// CA certificates (PEM) the nodes' certificates must chain to, for `https://` node URLs (a
+    /// node started with `--tls` prints where its CA is). Without it, https nodes need
+    /// certificates from a public CA.
+    #[arg(
+        long,
+        env = "WARREN_NODE_CA_FILE",
+        value_name = "PATH",
+        requires = "node"
+    )]
+    pub node_ca_file: Option<PathBuf>,
     /// The file holding the nodes' token (a node writes it, mode 0600, at first start; give every
     /// node of a server the same file with `warren node --token-file`).
     #[arg(
@@ -360,7 +370,8 @@ pub enum NodesCommand {
 #[derive(Debug, Args)]
 pub struct NodeArgs {
     /// Address of the node API (the server's `--node` URL points here). Calls carry the node's
-    /// token but are not encrypted: keep it on a private network or loopback.
+    /// token and the sandboxes' settings, secrets of header rules included: serve it over TLS
+    /// (--tls) unless it is on loopback.
     #[arg(long, env = "WARREN_NODE_LISTEN", default_value = "127.0.0.1:3100")]
     pub listen: String,
     /// The node's own state directory (its sandboxes); not the server's.
@@ -393,6 +404,17 @@ pub struct NodeArgs {
         value_delimiter = ','
     )]
     pub server_addresses: Vec<std::net::Ipv4Addr>,
+    /// Serve the node API over HTTPS with a certificate for the --listen address, signed by a CA
+    /// the node makes once in its state directory (tls/ca.crt: give it to the server as
+    /// --node-ca-file). Listen on the address the server uses, not 0.0.0.0: the certificate names it.
+    #[arg(long, env = "WARREN_NODE_TLS", conflicts_with_all = ["tls_cert", "tls_key"])]
+    pub tls: bool,
+    /// Serve HTTPS with this certificate chain (PEM) instead.
+    #[arg(long, env = "WARREN_NODE_TLS_CERT", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// Private key (PEM) of --tls-cert.
+    #[arg(long, env = "WARREN_NODE_TLS_KEY", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
     /// The file holding the token servers must present; made (mode 0600, a random token) when
     /// missing. Default: <state-dir>/node.token.
     #[arg(long, env = "WARREN_NODE_TOKEN_FILE", value_name = "PATH")]

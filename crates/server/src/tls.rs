@@ -191,7 +191,8 @@ fn local_ca_leaf(
     ))
 }
 
-fn read_chain(path: &Path) -> Result<Chain, TlsError> {
+/// The certificates of PEM file `path` (a chain, or CAs to trust).
+pub(crate) fn read_chain(path: &Path) -> Result<Chain, TlsError> {
     let pem = std::fs::read(path).map_err(|source| TlsError::Read {
         path: path.to_path_buf(),
         source,

@@ -64,6 +64,13 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
         listen,
         token,
         shared_dirs: args.shared_dirs.clone(),
+        tls: match (&args.tls_cert, &args.tls_key) {
+            (Some(cert), Some(key)) => Some(warren_server::tls::TlsSource::Files {
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            _ => args.tls.then_some(warren_server::tls::TlsSource::LocalCa),
+        },
     })
     .await
     .map_err(NodeCommandError::Node)?;

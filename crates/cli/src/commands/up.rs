@@ -51,6 +51,7 @@ pub async fn run(_global: &GlobalArgs, args: UpArgs) -> Result<i32, CommandError
             .map(|url| warren_server::node::remote::NodeTarget {
                 url: url.clone(),
                 token: token.clone(),
+                ca_file: args.node_ca_file.clone(),
             })
             .collect();
     }

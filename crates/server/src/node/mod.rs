@@ -28,6 +28,9 @@ use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime, RuntimeError};
 
 use wire::{Call, Hello, WireError};
 
+/// How long a stopping node lets calls in flight finish (a checkpoint may take a while).
+const NODE_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// The answer to a call.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -45,6 +48,9 @@ pub struct NodeConfig {
     pub token: String,
     /// Absolute directories the node shares with its server; call paths must lie inside one.
     pub shared_dirs: Vec<PathBuf>,
+    /// Serve the API over HTTPS: the operator's certificate, or one signed by a local CA made in
+    /// the node's state directory (`tls/ca.crt`, for the server's `--node-ca-file`).
+    pub tls: Option<crate::tls::TlsSource>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -63,6 +69,8 @@ pub enum NodeError {
     },
     #[error("serving the node API: {0}")]
     Serve(#[source] std::io::Error),
+    #[error("TLS for the node API: {0}")]
+    Tls(String),
 }
 
 /// What the handlers share.
@@ -112,17 +120,52 @@ pub async fn serve(config: NodeConfig) -> Result<(), NodeError> {
             source,
         })?;
     let addr = listener.local_addr().map_err(NodeError::Serve)?;
-    tracing::info!(%addr, shared = ?shared_dirs, "warren node started");
+    let tls = match &config.tls {
+        Some(source) => Some(
+            crate::tls::acceptor(source, &config.runtime.state_dir, "warren-node", &[addr])
+                .map_err(|error| NodeError::Tls(error_chain(&error)))?,
+        ),
+        None => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(%addr, shared = ?shared_dirs, tls = tls.is_some(), "warren node started");
+    if let Some(crate::tls::TlsSource::LocalCa) = &config.tls {
+        let ca = crate::tls::ensure_local_ca(&config.runtime.state_dir)
+            .map_err(|error| NodeError::Tls(error_chain(&error)))?;
+        println!(
+            "node CA certificate (the server's --node-ca-file): {}",
+            ca.cert.display()
+        );
+    }
     // The address line is what scripts wait for.
-    println!("warren node listening on http://{addr}");
+    println!("warren node listening on {scheme}://{addr}");
     let network = (config.runtime.gateway, config.runtime.subnet_prefix);
-    axum::serve(
+    let service = hyper_util::service::TowerToHyperService::new(router(
+        runtime,
+        config.token,
+        shared_dirs,
+        network,
+    ));
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let serving = tokio::spawn(crate::listener::serve(
         listener,
-        router(runtime, config.token, shared_dirs, network),
-    )
-    .with_graceful_shutdown(crate::wait_for_signal())
-    .await
-    .map_err(NodeError::Serve)?;
+        tls,
+        move |request| {
+            let response = hyper::service::Service::call(&service, request);
+            async move {
+                match response.await {
+                    Ok(response) => response,
+                    Err(never) => match never {},
+                }
+            }
+        },
+        stopped,
+        Some(NODE_DRAIN_TIMEOUT),
+        "node",
+    ));
+    crate::wait_for_signal().await;
+    let _ = stop.send(true);
+    let _ = serving.await;
     tracing::info!("warren node stopped");
     Ok(())
 }

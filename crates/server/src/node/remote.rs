@@ -21,13 +21,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Where a server finds its node.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeTarget {
-    /// `http://host:port` of the node's API.
+    /// `http://host:port` or `https://host:port` of the node's API.
     pub url: String,
     pub token: String,
+    /// CA certificates (PEM) an `https://` node's certificate must chain to; None: the public
+    /// web's roots.
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
+    #[error("node {url}: the CA file {path}: {reason}")]
+    Ca {
+        url: String,
+        path: PathBuf,
+        reason: String,
+    },
+    #[error("node {url}: a CA file is for https:// nodes; this one is plain http")]
+    CaWithoutTls { url: String },
     #[error("node {url} is not reachable: {reason}")]
     Unreachable { url: String, reason: String },
     #[error("node {url} refused the token (check --node-token-file against the node's)")]
@@ -46,6 +57,22 @@ pub enum ConnectError {
         path: PathBuf,
         shared: String,
     },
+}
+
+/// TLS to a node whose certificate chains to a CA in `path`.
+fn client_tls(path: &Path) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for certificate in crate::tls::read_chain(path).map_err(|e| super::error_chain(&e))? {
+        roots.add(certificate).map_err(|e| e.to_string())?;
+    }
+    let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| e.to_string())?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(std::sync::Arc::new(config))
 }
 
 /// The cause of a call that did not get an answer from its node.
@@ -80,10 +107,20 @@ impl RemoteRuntime {
     /// misconfiguration is found at start and not at the first create.
     pub fn connect(target: &NodeTarget, needs_shared: &[&Path]) -> Result<Self, ConnectError> {
         let url = target.url.trim_end_matches('/').to_string();
-        let agent = ureq::AgentBuilder::new()
+        let mut builder = ureq::AgentBuilder::new()
             .timeout_connect(CONNECT_TIMEOUT)
-            .timeout(CALL_TIMEOUT)
-            .build();
+            .timeout(CALL_TIMEOUT);
+        if let Some(path) = &target.ca_file {
+            if !url.starts_with("https://") {
+                return Err(ConnectError::CaWithoutTls { url });
+            }
+            builder = builder.tls_config(client_tls(path).map_err(|reason| ConnectError::Ca {
+                url: url.clone(),
+                path: path.clone(),
+                reason,
+            })?);
+        }
+        let agent = builder.build();
         let authorization = format!("Bearer {}", target.token);
         let hello: Hello = match agent
             .get(&format!("{url}{}", wire::HELLO_PATH))
