@@ -164,6 +164,7 @@ impl ClusterRuntime {
     /// A sandbox of a node that is down is not found: the server records it lost.
     fn node_of(&self, id: &str) -> Result<&RemoteRuntime, RuntimeError> {
         let known = self.placed().get(id).copied();
+        let mut silent = None;
         let at = match known {
             Some(at) => Some(at),
             None => {
@@ -171,15 +172,18 @@ impl ClusterRuntime {
                     if self.down(at) {
                         continue;
                     }
-                    if let Ok(sandboxes) = node.list() {
-                        self.remember(at, &sandboxes);
+                    match node.list() {
+                        Ok(sandboxes) => self.remember(at, &sandboxes),
+                        Err(error) => silent = Some(error),
                     }
                 }
                 self.placed().get(id).copied()
             }
         };
-        match at {
-            Some(at) if !self.down(at) => Ok(&self.nodes[at]),
+        match (at, silent) {
+            (Some(at), _) if !self.down(at) => Ok(&self.nodes[at]),
+            // A node that did not answer (and is not down yet) may hold it: not "gone".
+            (None, Some(error)) => Err(error),
             _ => Err(RuntimeError::NotFound(id.to_string())),
         }
     }
