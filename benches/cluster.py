@@ -6,6 +6,8 @@ default route), against the same machine's `warren up` with no nodes, in the sam
 Run inside scripts/private-netns, with the release binary:
 
     WARREN_BIN=target/release/warren scripts/private-netns .venv/bin/python benches/cluster.py [--creates N] [--json F]
+    ... benches/cluster.py --migrate 10     # a sandbox holding 100 MiB moved between 2 nodes 10 times
+    ... benches/cluster.py --many 500       # 500 sandboxes held at once over 3 nodes
 
 Each configuration: a fresh server (and nodes), 5 creates to warm up, then N sequential creates
 (`POST /sandboxes`, each killed after) for p50/p99, then N creates by 4 clients at once for the rate.
@@ -73,7 +75,70 @@ def measure(warren, creates: int) -> dict:
     }
 
 
-def with_nodes(count: int, creates: int) -> dict:
+HOLD_100_MIB = "python3 -c 'import time; b = bytearray(100 << 20); b[::4096] = b\"x\" * len(b[::4096]); time.sleep(10 ** 6)'"
+
+
+def measure_migration(warren, rounds: int) -> dict:
+    """A sandbox holding 100 MiB moved back and forth between the nodes, `rounds` times: the time
+    of `POST /migrate` (checkpoint, then restore on the other node) and of migrate then a first
+    command."""
+    from e2b import Sandbox
+
+    box = Sandbox.create(timeout=3600)
+    box.commands.run(HOLD_100_MIB, background=True)
+    time.sleep(2)  # the memory is touched
+    migrate_ms, first_command_ms = [], []
+    for _ in range(rounds):
+        started = time.perf_counter()
+        status, body = warren.api("POST", f"/sandboxes/{box.sandbox_id}/migrate")
+        migrated = time.perf_counter()
+        if status != 200:
+            raise RuntimeError(f"migrate answered {status}: {body}")
+        Sandbox.connect(box.sandbox_id).commands.run("true")
+        done = time.perf_counter()
+        migrate_ms.append((migrated - started) * 1000)
+        first_command_ms.append((done - started) * 1000)
+    box.kill()
+    return {
+        "migrate_100mib_p50_ms": round(pct(migrate_ms, 50), 1),
+        "migrate_100mib_max_ms": round(max(migrate_ms), 1),
+        "migrate_to_first_command_p50_ms": round(pct(first_command_ms, 50), 1),
+    }
+
+
+def measure_many(warren, total: int) -> dict:
+    """`total` sandboxes held at once, created by 8 clients; then all killed."""
+    ids, errors = [], []
+    lock = threading.Lock()
+
+    def client(count: int):
+        for _ in range(count):
+            status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 3600})
+            with lock:
+                (ids.append(body["sandboxID"]) if status == 201 else errors.append(f"{status}: {body}"))
+
+    started = time.perf_counter()
+    shares = [total // 8 + (1 if i < total % 8 else 0) for i in range(8)]
+    threads = [threading.Thread(target=client, args=(share,)) for share in shares]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    status, nodes = warren.api("GET", "/nodes")
+    spread = {node["nodeID"]: node["sandboxes"] for node in nodes} if status == 200 else {}
+    for sandbox_id in ids:
+        warren.api("DELETE", f"/sandboxes/{sandbox_id}")
+    return {
+        "held_at_once": len(ids),
+        "errors": len(errors),
+        "first_error": errors[0] if errors else None,
+        "create_per_s_8_clients": round(len(ids) / seconds, 1),
+        "per_node": spread,
+    }
+
+
+def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 0) -> dict:
     server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
     nodes, made = [], []
     warren = None
@@ -92,7 +157,19 @@ def with_nodes(count: int, creates: int) -> dict:
             nodes.append(node)
             token = node.token_file
         warren = cluster.RemoteCluster(nodes, server_state) if nodes else harness.Warren(server_state)
+        if only == "many":
+            # The server's own limits would refuse long before the machine is full.
+            command = warren._command
+            warren._command = lambda: command() + [
+                "--max-sandboxes", str(amount + 16), "--max-total-memory-mib", str(2048 * (amount + 16)),
+                "--max-total-vcpus", str(4 * (amount + 16)), "--sandbox-disk-mib", "256",
+                "--disk-overcommit", "20", "--sandbox-max-pids", "256",
+            ]
         warren.start()
+        if only == "migrate":
+            return measure_migration(warren, amount)
+        if only == "many":
+            return measure_many(warren, amount)
         return measure(warren, creates)
     finally:
         if warren is not None:
@@ -109,10 +186,20 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--creates", type=int, default=40)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--migrate", type=int, metavar="ROUNDS", help="only: a 100 MiB sandbox migrated ROUNDS times between 2 nodes")
+    parser.add_argument("--many", type=int, metavar="N", help="only: N sandboxes held at once over 3 nodes")
     args = parser.parse_args()
     reason = harness.missing_prerequisite()
     if reason:
         print(f"SKIP: {reason}")
+        return 0
+    if args.migrate or args.many:
+        result = (
+            with_nodes(2, 0, "migrate", args.migrate) if args.migrate else with_nodes(3, 0, "many", args.many)
+        )
+        print(json.dumps(result), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2))
         return 0
     results = {}
     for count in (0, 1, 2, 3):
