@@ -48,7 +48,7 @@ pub use host_capacity::HostCapacity;
 pub use linux_runtime::LinuxRuntime;
 
 /// An error and its causes on one line (`outer: cause: root cause`).
-pub(crate) fn supervisor_error_chain(error: &dyn std::error::Error) -> String {
+pub fn error_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {

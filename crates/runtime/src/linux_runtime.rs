@@ -76,8 +76,8 @@ impl LinuxRuntime {
     pub fn new(mut config: LinuxRuntimeConfig) -> Result<Self, ConfigError> {
         config::check_root()?;
         config::check_overlay()?;
-        let cgroups = Cgroups::detect()
-            .map_err(|e| ConfigError::NoCgroups(crate::supervisor_error_chain(&e)))?;
+        let cgroups =
+            Cgroups::detect().map_err(|e| ConfigError::NoCgroups(crate::error_chain(&e)))?;
         if !config.agent_binary.is_file() {
             return Err(ConfigError::NoAgent(config.agent_binary.clone()));
         }
@@ -113,7 +113,7 @@ impl LinuxRuntime {
             config.egress_proxy_port,
             &config.server_addresses,
         )
-        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        .map_err(|e| ConfigError::Firewall(crate::error_chain(&e)))?;
         if ruleset_replaced {
             tracing::info!("installed the sandbox firewall tables (new, or replacing another version's): adopted sandboxes get their network rules again");
         }
@@ -124,7 +124,7 @@ impl LinuxRuntime {
             ca_dir: config.state_dir.join("egress-ca"),
             upstream_ca: config.egress_upstream_ca.clone(),
         })
-        .map_err(|e| ConfigError::Firewall(crate::supervisor_error_chain(&e)))?;
+        .map_err(|e| ConfigError::Firewall(crate::error_chain(&e)))?;
         let addresses = AddressPool::new(
             &config.state_dir,
             &config.bridge,
@@ -138,7 +138,7 @@ impl LinuxRuntime {
         let lxcfs = match crate::rootfs::lxcfs::ensure(&config.state_dir) {
             Ok(mount) => Some(mount),
             Err(error) => {
-                tracing::warn!(error = %crate::supervisor_error_chain(&error), "sandboxes see the host's /proc/meminfo and cpuinfo");
+                tracing::warn!(error = %crate::error_chain(&error), "sandboxes see the host's /proc/meminfo and cpuinfo");
                 None
             }
         };
@@ -663,7 +663,7 @@ impl LinuxRuntime {
             if let Err(e) = firewall::withdraw(&plan) {
                 // The tables are gone (flushed by hand): nothing of the sandbox is left in them
                 // either.
-                tracing::warn!(sandbox = %id, error = %crate::supervisor_error_chain(&e), "withdraw the port binding");
+                tracing::warn!(sandbox = %id, error = %crate::error_chain(&e), "withdraw the port binding");
             }
             self.egress_proxy.remove(*ip);
             delete_host_link(&plan.host_veth())?;
@@ -838,7 +838,7 @@ fn forget_neighbour(bridge: &str, ip: Ipv4Addr) {
     .join()
     .unwrap_or(Err(netlink::NetlinkError::Panicked));
     if let Err(e) = forgotten {
-        tracing::debug!(%ip, error = %crate::supervisor_error_chain(&e), "forget the neighbour");
+        tracing::debug!(%ip, error = %crate::error_chain(&e), "forget the neighbour");
     }
 }
 
@@ -880,11 +880,11 @@ impl LinuxRuntime {
     /// [`crate::host_capacity`]); a failure only loses that backstop, so it is logged.
     fn cap_sandbox_tasks(&self) {
         let capped = crate::host_capacity::measure(&self.config.state_dir, [])
-            .map_err(|e| crate::supervisor_error_chain(&e))
+            .map_err(|e| crate::error_chain(&e))
             .and_then(|facts| {
                 self.cgroups
                     .cap_sandbox_tasks(facts.capacity().sandbox_tasks)
-                    .map_err(|e| crate::supervisor_error_chain(&e))
+                    .map_err(|e| crate::error_chain(&e))
             });
         if let Err(error) = capped {
             tracing::warn!(%error, "cannot cap the tasks of all sandboxes together");

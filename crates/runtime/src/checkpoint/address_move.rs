@@ -95,11 +95,11 @@ pub fn keep_old_address(netns: &Path, old: Ipv4Addr) -> Result<(), CheckpointErr
                 .add_address("lo", old, 32)
                 .await
         })
-        .map_err(|e| crate::supervisor_error_chain(&e))?;
+        .map_err(|e| crate::error_chain(&e))?;
         batch(old).commit().map_err(|e| {
             format!(
                 "drop the old address's outside traffic: {}",
-                crate::supervisor_error_chain(&e)
+                crate::error_chain(&e)
             )
         })
     });

@@ -362,10 +362,7 @@ pub fn serve_pages(checkpoint: &Path, images: &Path, socket_fd: RawFd, report_fd
             0
         }
         Err(e) => {
-            let line = format!(
-                "failed {}\n",
-                crate::supervisor_error_chain(&e).replace('\n', " ")
-            );
+            let line = format!("failed {}\n", crate::error_chain(&e).replace('\n', " "));
             let _ = report.write_all(line.as_bytes());
             // Wait for the reader to go (POLLERR on a pipe's write end), holding the socket.
             let mut poll = libc::pollfd {

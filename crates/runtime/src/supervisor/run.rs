@@ -192,7 +192,7 @@ fn report(status: &OwnedFd, line: &str) -> bool {
 }
 
 pub(super) fn error_chain(error: &dyn std::error::Error) -> String {
-    crate::supervisor_error_chain(error)
+    crate::error_chain(error)
 }
 
 /// Wires the network and starts the init; returns the init's host PID.

@@ -205,7 +205,7 @@ fn fill(pool: &Weak<StandbyPool>) {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(standby),
             Err(error) => {
-                tracing::warn!(error = %crate::supervisor_error_chain(&error), "cannot start a standby supervisor");
+                tracing::warn!(error = %crate::error_chain(&error), "cannot start a standby supervisor");
                 *pool.filling.lock().unwrap_or_else(|p| p.into_inner()) = false;
                 return;
             }

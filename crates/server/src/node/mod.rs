@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpListener;
 use warren_runtime::{LinuxRuntime, LinuxRuntimeConfig, Runtime, RuntimeError};
 
+use warren_runtime::error_chain;
 use wire::{Call, Hello, WireError};
 
 /// How long a stopping node lets calls in flight finish (a checkpoint may take a while).
@@ -228,21 +229,6 @@ pub fn read_token(path: &Path) -> std::io::Result<String> {
         ));
     }
     Ok(token)
-}
-
-/// The chain of causes of `error`, joined: what a remote caller sees of a failure.
-pub(crate) fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut cause = error.source();
-    while let Some(inner) = cause {
-        let next = inner.to_string();
-        if !text.contains(&next) {
-            text.push_str(": ");
-            text.push_str(&next);
-        }
-        cause = inner.source();
-    }
-    text
 }
 
 /// Whether a call may `access` `path`: absolute, no `..`, and inside a shared directory

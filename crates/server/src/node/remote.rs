@@ -62,7 +62,7 @@ pub enum ConnectError {
 /// TLS to a node whose certificate chains to a CA in `path`.
 fn client_tls(path: &Path) -> Result<std::sync::Arc<rustls::ClientConfig>, String> {
     let mut roots = rustls::RootCertStore::empty();
-    for certificate in crate::tls::read_chain(path).map_err(|e| super::error_chain(&e))? {
+    for certificate in crate::tls::read_chain(path).map_err(|e| warren_runtime::error_chain(&e))? {
         roots.add(certificate).map_err(|e| e.to_string())?;
     }
     let config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
@@ -202,7 +202,7 @@ impl RemoteRuntime {
                 format!(
                     "cannot route {network}/{prefix} (node {}'s sandboxes) via {host}: {}",
                     self.url,
-                    super::error_chain(&error)
+                    warren_runtime::error_chain(&error)
                 )
             })
     }

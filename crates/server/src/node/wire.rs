@@ -210,7 +210,7 @@ impl From<&RuntimeError> for WireError {
     fn from(error: &RuntimeError) -> Self {
         let out_of_space = error.out_of_space();
         // The whole chain: the node's log has it too, but the server's log is where operators look.
-        let message = crate::node::error_chain(error);
+        let message = warren_runtime::error_chain(error);
         match error {
             RuntimeError::NotFound(sandbox) => WireError::NotFound {
                 sandbox: sandbox.clone(),

@@ -367,20 +367,9 @@ fn pull_error(image: &str, error: oci_client::errors::OciDistributionError) -> R
         }
         _ => RegistryError::Pull {
             image: image.to_string(),
-            message: error_chain(&error),
+            message: warren_runtime::error_chain(&error),
         },
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// rustls needs a process-wide crypto provider when built without a default one (no aws-lc, no
