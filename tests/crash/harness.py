@@ -30,6 +30,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -116,6 +117,89 @@ def wait_until(what: str, probe, limit: float = OP_WAIT_S, pause: float = 0.05):
             last = error
         time.sleep(pause)
     raise AssertionError(f"{what} within {limit}s; last error: {last!r}")
+
+
+# --- a private PostgreSQL ------------------------------------------------------------------------
+
+NOBODY = 65534
+
+
+def pg_bin() -> Path | None:
+    """The newest installed PostgreSQL's bin directory (Debian's `postgresql` package)."""
+    root = Path("/usr/lib/postgresql")
+    versions = sorted(
+        (int(p.name), p / "bin") for p in root.iterdir() if p.name.isdigit() and (p / "bin" / "initdb").is_file()
+    ) if root.is_dir() else []
+    return versions[-1][1] if versions else None
+
+
+def _as_nobody():
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+@dataclass
+class Postgres:
+    """A private cluster: `url` for the server, `sql()` for the test's own looks at the rows."""
+
+    bin_dir: Path
+    socket_dir: Path
+    url: str
+
+    def sql(self, query: str) -> str:
+        """Runs `query` on the `warren` database; its unaligned, tuple-only output."""
+        run = subprocess.run(
+            [str(self.bin_dir / "psql"), "-h", str(self.socket_dir), "-U", "postgres", "-d", "warren", "-At", "-c", query],
+            capture_output=True, text=True, timeout=60,
+        )
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip()
+
+    def rows(self, query: str) -> list[dict]:
+        """The rows of `query` as dicts (through `json_agg`)."""
+        text = self.sql(f"SELECT coalesce(json_agg(t), '[]') FROM ({query}) t")
+        return json.loads(text)
+
+
+@contextlib.contextmanager
+def private_postgres(password: str = "unused"):
+    """Starts a PostgreSQL cluster of its own (`initdb` in a temp dir as `nobody`, a unix socket in
+    that dir, no TCP listener, fsync off) with a `warren` database; yields a `Postgres`. The caller
+    has checked `pg_bin()`."""
+    bin_dir = pg_bin()
+    assert bin_dir is not None
+    root = Path(tempfile.mkdtemp(prefix="wt-pg-e2e-"))
+    sock = root / "sock"
+    sock.mkdir()
+    for path in (root, sock):
+        os.chown(path, NOBODY, NOBODY)
+    subprocess.run(
+        [str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "--no-sync",
+         "--no-locale", "-E", "UTF8"],
+        check=True, capture_output=True, preexec_fn=_as_nobody,
+    )
+    log = open(root / "postgres.log", "w")
+    os.chown(root / "postgres.log", NOBODY, NOBODY)
+    server = subprocess.Popen(
+        [str(bin_dir / "postgres"), "-D", str(root / "data"), "-k", str(sock), "-c", "listen_addresses=",
+         "-c", "fsync=off", "-c", "synchronous_commit=off"],
+        stdout=log, stderr=log, preexec_fn=_as_nobody,
+    )
+    try:
+        wait_until("PostgreSQL accepting connections", lambda: subprocess.run(
+            [str(bin_dir / "pg_isready"), "-q", "-h", str(sock), "-U", "postgres"]).returncode == 0, 60, 0.1)
+        subprocess.run([str(bin_dir / "createdb"), "-h", str(sock), "-U", "postgres", "warren"], check=True)
+        # Trust authentication ignores the password.
+        yield Postgres(bin_dir, sock, f"postgres://postgres:{password}@localhost/warren?host={sock}")
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        subprocess.run(["rm", "-rf", str(root)], check=False)
 
 
 class Warren:

@@ -25,20 +25,20 @@ from pathlib import Path
 
 import pytest
 
-from harness import agent_binary, base_rootfs, free_port, missing_prerequisite, wait_until, warren_binary
+from harness import (
+    agent_binary,
+    base_rootfs,
+    free_port,
+    missing_prerequisite,
+    pg_bin,
+    private_postgres,
+    wait_until,
+    warren_binary,
+)
 
 SERVER_START_WAIT_S = 120
 
-NOBODY = 65534
 PASSWORD = "pg-e2e-password-7f3a"
-
-
-def pg_bin() -> Path | None:
-    root = Path("/usr/lib/postgresql")
-    versions = sorted(
-        (int(p.name), p / "bin") for p in root.iterdir() if p.name.isdigit() and (p / "bin" / "initdb").is_file()
-    ) if root.is_dir() else []
-    return versions[-1][1] if versions else None
 
 
 def skip(reason: str):
@@ -62,51 +62,16 @@ def listening(port: int, process) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def as_nobody():
-    os.setgid(NOBODY)
-    os.setuid(NOBODY)
-
-
 @pytest.fixture
 def postgres_url():
     reason = missing_prerequisite()
     if reason:
         skip(reason)
-    bin_dir = pg_bin()
-    if bin_dir is None:
+    if pg_bin() is None:
         skip("no PostgreSQL binaries (/usr/lib/postgresql/*/bin; install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="wt-pg-e2e-"))
-    sock = root / "sock"
-    sock.mkdir()
-    for path in (root, sock):
-        os.chown(path, NOBODY, NOBODY)
-    subprocess.run(
-        [str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "--no-sync",
-         "--no-locale", "-E", "UTF8"],
-        check=True, capture_output=True, preexec_fn=as_nobody,
-    )
-    log = open(root / "postgres.log", "w")
-    os.chown(root / "postgres.log", NOBODY, NOBODY)
-    server = subprocess.Popen(
-        [str(bin_dir / "postgres"), "-D", str(root / "data"), "-k", str(sock), "-c", "listen_addresses=",
-         "-c", "fsync=off", "-c", "synchronous_commit=off"],
-        stdout=log, stderr=log, preexec_fn=as_nobody,
-    )
-    try:
-        wait_until("PostgreSQL accepting connections", lambda: subprocess.run(
-            [str(bin_dir / "pg_isready"), "-q", "-h", str(sock), "-U", "postgres"]).returncode == 0, 60, 0.1)
-        subprocess.run([str(bin_dir / "createdb"), "-h", str(sock), "-U", "postgres", "warren"], check=True)
+    with private_postgres(PASSWORD) as postgres:
         # Trust authentication ignores the password; it is here to prove it never shows.
-        yield f"postgres://postgres:{PASSWORD}@localhost/warren?host={sock}"
-    finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        yield postgres.url
 
 
 class Server:

@@ -79,6 +79,10 @@ pub enum Command {
     /// the others), let one take sandboxes again (admin keys).
     #[command(subcommand)]
     Nodes(NodesCommand),
+    /// The servers sharing a cluster's database that are alive now, and which one leads (admin
+    /// keys; docs/cluster.md).
+    #[command(subcommand)]
+    Servers(ServersCommand),
     /// Find and remove what sandboxes of deleted state directories left on this host: their
     /// processes and supervisors, mounts, cgroups and lxcfs mounts (needs root).
     Gc(GcArgs),
@@ -348,6 +352,13 @@ pub struct UpArgs {
     /// Private key (PEM) of --tls-cert.
     #[arg(long, env = "WARREN_TLS_KEY", requires = "tls_cert")]
     pub tls_key: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ServersCommand {
+    /// List the live servers, oldest first.
+    #[command(visible_alias = "ls")]
+    List,
 }
 
 #[derive(Debug, Subcommand)]

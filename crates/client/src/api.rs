@@ -486,6 +486,11 @@ impl ApiClient {
         self.send_json(self.request(Method::GET, "nodes")?).await
     }
 
+    /// The live servers sharing the store (`GET /servers`, admin keys).
+    pub async fn list_servers(&self) -> Result<Vec<serde_json::Value>, ApiError> {
+        self.send_json(self.request(Method::GET, "servers")?).await
+    }
+
     /// Drains a node (`POST /nodes/{id}/drain`); the answer lists what `moved` and what `failed`.
     pub async fn drain_node(&self, node: &str) -> Result<serde_json::Value, ApiError> {
         self.send_json(self.request(Method::POST, &format!("nodes/{}/drain", path_segment(node)))?)

@@ -127,9 +127,45 @@ impl Server {
             config.clone(),
             Arc::clone(&metrics),
         ));
-        let report = lifecycle::reconcile::reconcile(&lifecycle)
+        // Servers sharing the store and the nodes (cluster mode): a server that finds others alive
+        // joins them and leaves the fleet as it is; the one that finds none (or a store nobody
+        // shares) and leads reconciles the whole fleet with the runtime, as one server always has.
+        let others = if lifecycle.coordinated() {
+            lifecycle
+                .other_live_servers()
+                .await
+                .map_err(ServeError::Reconcile)?
+        } else {
+            Vec::new()
+        };
+        let address = config.api_listen.to_string();
+        lifecycle::servers::beat(&lifecycle, &address)
             .await
             .map_err(ServeError::Reconcile)?;
+        let alone = others.is_empty() && lifecycle.leads();
+        let report = if alone {
+            lifecycle::reconcile::reconcile(&lifecycle)
+                .await
+                .map_err(ServeError::Reconcile)?
+        } else {
+            tracing::info!(
+                others = ?others.iter().map(|s| &s.id).collect::<Vec<_>>(),
+                server = lifecycle.store().server_id(),
+                "joining the servers that share this store"
+            );
+            lifecycle::reconcile::join(&lifecycle)
+                .await
+                .map_err(ServeError::Reconcile)?
+        };
+        let live_servers: Vec<String> = if alone {
+            Vec::new()
+        } else {
+            others
+                .iter()
+                .map(|server| server.id.clone())
+                .chain([lifecycle.store().server_id().to_string()])
+                .collect()
+        };
 
         let api_listener = TcpListener::bind(config.api_listen)
             .await
@@ -163,6 +199,7 @@ impl Server {
         let failed = lifecycle
             .store()
             .fail_unfinished_builds(
+                &live_servers,
                 "the server stopped before this build finished",
                 lifecycle::now_millis(),
             )
@@ -175,8 +212,14 @@ impl Server {
             );
         }
         // Their half-written layers went with the killed process, never renamed into the cache.
+        // (Not while other servers share the state directory: the layers they are writing look
+        // the same.)
         let layers = templates::builder::layers::LayerStore::new(&config.state_dir);
-        match layers.remove_unfinished() {
+        match if alone {
+            layers.remove_unfinished()
+        } else {
+            Ok(0)
+        } {
             Ok(0) => {}
             Ok(removed) => {
                 tracing::info!(removed, "removed layers an earlier run left half-written")
@@ -275,6 +318,11 @@ impl Server {
             Arc::clone(&lifecycle),
             shutdown_rx.clone(),
         ));
+        let servers_task = tokio::spawn(lifecycle::servers::run(
+            Arc::clone(&lifecycle),
+            address,
+            shutdown_rx.clone(),
+        ));
         let scheduler_task = tokio::spawn(lifecycle::scheduler::run(
             Arc::clone(&lifecycle),
             config.scheduler_interval,
@@ -294,6 +342,7 @@ impl Server {
                 monitor_task,
                 webhooks_task,
                 pools_task,
+                servers_task,
             ]
             .into_iter()
             .chain(code_interpreter)
@@ -318,7 +367,13 @@ pub const CLUSTER_RECONCILE_INTERVAL: std::time::Duration = std::time::Duration:
 
 /// Run the server with this host's Linux runtime until SIGINT or SIGTERM.
 pub async fn serve(mut config: ServerConfig) -> Result<(), ServeError> {
-    let _lock = state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?;
+    // Servers on PostgreSQL with nodes share the state directory (the nodes' checkpoints and
+    // templates live there) and coordinate through the database instead.
+    let _lock = if config.nodes.is_empty() || config.database_url.is_none() {
+        Some(state_lock::StateLock::acquire(&config.state_dir).map_err(ServeError::Locked)?)
+    } else {
+        None
+    };
     let runtime = if config.nodes.is_empty() {
         runtime_host::linux_runtime(&config).map_err(ServeError::Runtime)?
     } else {

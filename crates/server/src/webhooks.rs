@@ -50,6 +50,10 @@ pub async fn run(lifecycle: Arc<Lifecycle>, shutdown: watch::Receiver<bool>) {
     let busy: Arc<Mutex<HashSet<String>>> = Arc::default();
     let mut ticker = crate::lifecycle::Ticker::new(POLL_INTERVAL, shutdown);
     while ticker.next().await {
+        // With servers sharing the store, the leading one delivers (each event once).
+        if !lifecycle.leads() {
+            continue;
+        }
         let webhooks = match lifecycle.store().list_webhooks().await {
             Ok(webhooks) => webhooks,
             Err(error) => {

@@ -1044,3 +1044,38 @@ async fn timeout_zero_ends_the_sandbox_now() {
     assert_error(&answer, StatusCode::BAD_REQUEST, "timeout");
     h.server.stop().await.unwrap();
 }
+
+/// `GET /servers`: a server on its own store lists itself, leading; team keys are refused.
+#[tokio::test]
+async fn the_server_list_shows_this_server_leading() {
+    let h = Harness::start(false, |_| {}).await;
+    let url = format!("{}/servers", h.server.api_url);
+    let key = h.server.api_key.clone();
+    // The first beat runs before the server answers: its row is there.
+    let answer = send(Method::GET, &url, &[("X-API-Key", &key)], None).await;
+    assert_eq!(answer.status, StatusCode::OK);
+    let servers = answer.json();
+    let servers = servers.as_array().unwrap();
+    assert_eq!(servers.len(), 1, "{servers:?}");
+    let server = &servers[0];
+    assert_eq!(
+        server["serverID"],
+        h.server.server.lifecycle.store().server_id()
+    );
+    assert_eq!(
+        (&server["leader"], &server["this"]),
+        (&json!(true), &json!(true))
+    );
+    assert!(server["startedAt"].as_str().unwrap().ends_with('Z'));
+    let team_key = warren_server::keys::create_key(
+        h.server.server.lifecycle.store().as_ref(),
+        "member",
+        DEFAULT_TEAM,
+        false,
+    )
+    .await
+    .unwrap();
+    let refused = send(Method::GET, &url, &[("X-API-Key", &team_key.secret)], None).await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN);
+    h.server.stop().await.unwrap();
+}

@@ -89,6 +89,54 @@ on_both_back_ends!(
     long_lists_page_in_order_both_ways,
 );
 
+/// Two servers on one store: the SQLite file opened twice, the PostgreSQL database twice.
+#[tokio::test]
+async fn sqlite_servers_share_a_store_by_lease_and_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = SqliteStore::open_in(dir.path()).await.unwrap();
+    let b = SqliteStore::open_in(dir.path()).await.unwrap();
+    cases::servers_share_a_store_by_lease_and_owner(&a, &b).await;
+    assert!(!a.shared());
+    // One server per SQLite file: it always leads.
+    assert!(a.lead().await.unwrap() && b.lead().await.unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_servers_share_a_store_by_lease_and_owner() {
+    let Some(url) = warren_testkit::postgres::database().await else {
+        return;
+    };
+    let url: DatabaseUrl = url.parse().unwrap();
+    let a = PgStore::open(&url).await.unwrap();
+    let b = PgStore::open(&url).await.unwrap();
+    cases::servers_share_a_store_by_lease_and_owner(&a, &b).await;
+    assert!(a.shared());
+}
+
+/// One server leads at a time; the lead passes on when the leader's connection ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_postgres_server_leads_and_the_lead_passes_when_it_goes() {
+    let Some(url) = warren_testkit::postgres::database().await else {
+        return;
+    };
+    let url: DatabaseUrl = url.parse().unwrap();
+    let a = PgStore::open(&url).await.unwrap();
+    let b = PgStore::open(&url).await.unwrap();
+    assert!(a.lead().await.unwrap());
+    assert!(!b.lead().await.unwrap(), "two leaders");
+    assert!(a.lead().await.unwrap(), "the leader keeps the lead");
+    assert!(!b.lead().await.unwrap());
+    drop(a);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !b.lead().await.unwrap() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the lead never passed on after the leader went"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// Servers starting together on an empty database: the migrator's lock lets one migrate and the
 /// others find the schema done; all of them work.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -33,7 +33,7 @@ pub enum PgError {
     Start(String),
     #[error("test cluster: {0}")]
     Sql(#[from] sqlx::Error),
-    #[error("cannot migrate the template database")]
+    #[error("cannot migrate the template database: {0}")]
     Store(#[from] warren_server::store::StoreError),
 }
 

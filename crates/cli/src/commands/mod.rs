@@ -80,6 +80,7 @@ pub async fn run(cli: Cli) -> Result<i32, CommandError> {
         Command::Down(args) => down::run(&global, args).await,
         Command::Node(args) => node::run(*args).await,
         Command::Nodes(command) => nodes::run(&global, command).await,
+        Command::Servers(command) => nodes::servers(&global, command).await,
         Command::Gc(args) => gc::run(&global, args),
         Command::Lab(command) => lab::run(&global, command).await,
     }

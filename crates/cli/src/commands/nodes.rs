@@ -1,7 +1,8 @@
-//! `warren nodes list|drain|undrain`: a cluster-mode server's nodes, through its API (admin keys).
+//! `warren nodes list|drain|undrain` and `warren servers list`: a cluster's nodes and servers,
+//! through the API (admin keys).
 
 use super::{api_client, print_json, CommandError};
-use crate::args::{GlobalArgs, NodesCommand};
+use crate::args::{GlobalArgs, NodesCommand, ServersCommand};
 use crate::exit_code;
 use crate::table::Table;
 
@@ -62,6 +63,40 @@ pub async fn run(global: &GlobalArgs, command: NodesCommand) -> Result<i32, Comm
         NodesCommand::Undrain { node } => {
             client.undrain_node(&node).await?;
             println!("{node}: takes new sandboxes again");
+            Ok(exit_code::OK)
+        }
+    }
+}
+
+pub async fn servers(global: &GlobalArgs, command: ServersCommand) -> Result<i32, CommandError> {
+    let client = api_client(global)?;
+    match command {
+        ServersCommand::List => {
+            let servers = client.list_servers().await?;
+            if global.json {
+                print_json(&servers)?;
+                return Ok(exit_code::OK);
+            }
+            let mut table = Table::new(["SERVER", "ROLE", "ADDRESS", "STARTED", "RENEWED"]);
+            for server in &servers {
+                let mut role = if server["leader"].as_bool() == Some(true) {
+                    "leader".to_string()
+                } else {
+                    "member".to_string()
+                };
+                if server["this"].as_bool() == Some(true) {
+                    role.push_str(" (this)");
+                }
+                let text = |field: &str| server[field].as_str().unwrap_or("?").to_string();
+                table.row([
+                    text("serverID"),
+                    role,
+                    text("address"),
+                    text("startedAt"),
+                    text("renewedAt"),
+                ]);
+            }
+            print!("{}", table.render());
             Ok(exit_code::OK)
         }
     }

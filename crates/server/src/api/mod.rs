@@ -206,6 +206,15 @@ async fn count_errors(
     response
 }
 
+/// A time of the store (Unix milliseconds) as the API shows it (RFC 3339, UTC).
+pub(crate) fn time(millis: crate::store::Millis) -> chrono::DateTime<chrono::Utc> {
+    use chrono::TimeZone;
+    chrono::Utc
+        .timestamp_millis_opt(millis)
+        .single()
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     /// Every API module registers its routes through `routes!`, which takes the path and methods

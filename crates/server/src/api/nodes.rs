@@ -20,6 +20,7 @@ use crate::lifecycle::migrate::Migration;
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
         .routes(routes!(list_nodes))
+        .routes(routes!(list_servers))
         .routes(routes!(drain, undrain))
         .routes(routes!(migrate))
 }
@@ -37,6 +38,25 @@ struct Node {
     draining: bool,
     /// Sandboxes of this server it holds.
     sandboxes: usize,
+}
+
+/// A server sharing the store (cluster mode): its row in the store.
+#[derive(utoipa::ToSchema, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Server {
+    #[serde(rename = "serverID")]
+    server_id: String,
+    /// The address its API was told to listen on.
+    address: String,
+    started_at: chrono::DateTime<chrono::Utc>,
+    /// When it last renewed its row (every 2 s while it runs).
+    renewed_at: chrono::DateTime<chrono::Utc>,
+    /// Whether it leads: runs the timeouts, the reconciler, the monitor and webhook deliveries.
+    leader: bool,
+    /// The server that answered this request.
+    this: bool,
+    /// Build and warm-pool sandboxes it holds.
+    held_sandboxes: usize,
 }
 
 #[derive(utoipa::ToSchema, Debug, Serialize)]
@@ -106,6 +126,43 @@ async fn list_nodes(
                 up: node.up,
                 draining: node.draining,
                 sandboxes: node.sandboxes,
+            })
+            .collect(),
+    ))
+}
+
+#[utoipa::path(
+    get,
+    path = "/servers",
+    operation_id = "listServers",
+    description = "The servers sharing this server's store that are alive now (admin keys only): with a SQLite store, this one alone.",
+    responses(
+        (status = 200, description = "The live servers, oldest first", body = [Server]),
+        (status = 401, response = super::error::Unauthorized),
+        (status = 403, response = super::error::Forbidden),
+        (status = 500, response = super::error::InternalError),
+    ),
+)]
+async fn list_servers(
+    State(state): State<AppState>,
+    key: Authenticated,
+) -> Result<Json<Vec<Server>>, ApiError> {
+    key.require_admin()?;
+    let store = state.lifecycle.store();
+    let since =
+        crate::lifecycle::now_millis() - crate::lifecycle::servers::SERVER_LEASE.as_millis() as i64;
+    let servers = store.live_servers(since).await?;
+    Ok(Json(
+        servers
+            .into_iter()
+            .map(|server| Server {
+                this: server.id == store.server_id(),
+                server_id: server.id,
+                address: server.address,
+                started_at: super::time(server.started_at),
+                renewed_at: super::time(server.renewed_at),
+                leader: server.leading,
+                held_sandboxes: server.holds.len(),
             })
             .collect(),
     ))

@@ -1,12 +1,13 @@
 //! `/sandboxes` and `/v2/sandboxes`: handlers parse and validate, then call the lifecycle.
 
+use super::time;
 use std::collections::BTreeMap;
 
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 use warren_proto::api::{self, ENVD_VERSION};
@@ -46,12 +47,6 @@ pub fn router() -> OpenApiRouter<AppState> {
         .routes(routes!(signal_process))
         .routes(routes!(logs))
         .routes(routes!(logs_v2))
-}
-
-fn time(millis: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(millis)
-        .single()
-        .unwrap_or_default()
 }
 
 fn api_state(record: &SandboxRecord) -> api::SandboxState {

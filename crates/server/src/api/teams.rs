@@ -2,10 +2,11 @@
 //! team's resources and gets 403 here. `/api-keys` follows E2B's shapes (list, create with the secret
 //! shown once, delete by ID) with the team added; `/teams` is Warren's own.
 
+use super::time;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
@@ -15,7 +16,7 @@ use super::error::ApiError;
 use super::extract::ApiJson;
 use super::AppState;
 use crate::keys::{self, KeyError, TeamQuotas};
-use crate::store::{ApiKeyRecord, Millis, TeamRecord};
+use crate::store::{ApiKeyRecord, TeamRecord};
 
 pub fn router() -> OpenApiRouter<AppState> {
     OpenApiRouter::new()
@@ -35,12 +36,6 @@ impl From<KeyError> for ApiError {
             KeyError::Store(_) => ApiError::internal(&error),
         }
     }
-}
-
-fn time(millis: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(millis)
-        .single()
-        .unwrap_or_default()
 }
 
 #[derive(utoipa::ToSchema, Debug, Serialize)]

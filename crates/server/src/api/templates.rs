@@ -1,10 +1,10 @@
 //! `/templates`: list, get, delete, and builds (request, upload context files, start, status).
 
+use super::time;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
-use chrono::{DateTime, TimeZone, Utc};
 use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::router::UtoipaMethodRouterExt;
 use utoipa_axum::routes;
@@ -14,7 +14,7 @@ use super::auth::Authenticated;
 use super::error::ApiError;
 use super::extract::{ApiJson, OptionalJson, QueryPairs};
 use super::AppState;
-use crate::store::{Millis, TemplateRecord};
+use crate::store::TemplateRecord;
 use crate::templates::builder::job::{LogLevel, TemplateBuildInfo};
 use crate::templates::builder::sdk_template::TemplateBuildStartV2;
 use crate::templates::builds::{BuildRequest, BuildsError, DockerfileBuild, RequestedBuild};
@@ -74,12 +74,6 @@ impl From<BuildsError> for ApiError {
             _ => ApiError::internal(&error),
         }
     }
-}
-
-fn time(millis: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(millis)
-        .single()
-        .unwrap_or_default()
 }
 
 fn status(record: &TemplateRecord) -> api::TemplateBuildStatus {

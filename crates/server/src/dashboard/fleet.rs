@@ -3,10 +3,11 @@
 //! fleet-hygiene checks (runaway processes, OOM kills, memory pressure, full disks, orphans reaped,
 //! sandboxes the reconciler destroyed). Both are read from the store, scoped to the key's team.
 
+use crate::api::time;
 use axum::extract::{Query, State};
 use axum::routing::get;
 use axum::{Json, Router};
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::api::auth::Authenticated;
@@ -28,12 +29,6 @@ pub fn router() -> Router<AppState> {
     Router::new()
         .route("/dashboard/api/fleet/latency", get(latency))
         .route("/dashboard/api/fleet/policy-events", get(policy_events))
-}
-
-fn time(millis: Millis) -> DateTime<Utc> {
-    Utc.timestamp_millis_opt(millis)
-        .single()
-        .unwrap_or_default()
 }
 
 #[derive(Deserialize)]

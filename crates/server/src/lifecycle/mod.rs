@@ -10,6 +10,7 @@ mod operations;
 pub mod reconcile;
 mod routes;
 pub mod scheduler;
+pub mod servers;
 mod snapshots;
 pub mod state;
 pub mod workspaces;

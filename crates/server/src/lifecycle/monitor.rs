@@ -598,6 +598,11 @@ pub async fn run(lifecycle: Arc<Lifecycle>, shutdown: watch::Receiver<bool>) {
     let mut ticker = super::Ticker::new(lifecycle.config().monitor.interval, shutdown);
     let mut state = MonitorState::default();
     while ticker.next().await {
+        // With servers sharing the store, one samples and polices the fleet.
+        if !lifecycle.leads() {
+            state = MonitorState::default();
+            continue;
+        }
         if let Err(error) = pass(&lifecycle, &mut state, now_millis()).await {
             tracing::error!(%error, "monitor pass failed");
         }

@@ -63,86 +63,16 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
         .await?;
 
     let mut report = ReconcileReport::default();
-    for mut record in tracked {
+    for record in tracked {
         let running = live.remove(&record.id);
-        match (record.state, running) {
-            (SandboxState::Paused, None) if record.pause_kind.is_some_and(PauseKind::on_disk) => {
-                report.kept_checkpoints.push(record.id.clone());
-            }
-            (SandboxState::Running, Some(sandbox))
-                if sandbox.state == warren_runtime::RuntimeState::Frozen =>
-            {
-                // Frozen under a running record: a fork, snapshot or layer commit that leaves the
-                // sandbox running was cut short. Its memory is whole; let it run on.
-                if thaw(lifecycle, &record.id).await {
-                    record.ip = Some(sandbox.ip);
-                    record.init_pid = Some(sandbox.init_pid);
-                    lifecycle.remember_route(&record);
-                    report.adopted.push(record.id.clone());
-                } else {
-                    destroy(lifecycle, &record.id).await;
-                    lose(
-                        lifecycle,
-                        &mut record,
-                        "frozen by a checkpoint a restart cut short, and it would not thaw",
-                    )
-                    .await?;
-                    report.lost.push(record.id.clone());
-                }
-            }
-            (SandboxState::Running | SandboxState::Paused, Some(sandbox)) => {
-                let frozen = sandbox.state == warren_runtime::RuntimeState::Frozen;
-                let consistent = match record.state {
-                    SandboxState::Running => !frozen,
-                    _ => frozen && record.pause_kind == Some(PauseKind::Freeze),
-                };
-                if consistent {
-                    record.ip = Some(sandbox.ip);
-                    record.init_pid = Some(sandbox.init_pid);
-                    lifecycle.remember_route(&record);
-                    lifecycle.reinstall_network(&record).await;
-                    report.adopted.push(record.id.clone());
-                } else {
-                    destroy(lifecycle, &record.id).await;
-                    lose(
-                        lifecycle,
-                        &mut record,
-                        "state on the host did not match the store",
-                    )
-                    .await?;
-                    report.lost.push(record.id.clone());
-                }
-            }
-            (SandboxState::Pausing | SandboxState::Resuming, running) => {
-                if settle(lifecycle, &mut record, running).await? {
-                    report.settled.push(record.id.clone());
-                } else {
-                    report.lost.push(record.id.clone());
-                }
-            }
-            (_, Some(_)) => {
-                // Caught mid-transition by a restart: its state is unknown, so do not keep it.
-                destroy(lifecycle, &record.id).await;
-                lose(
-                    lifecycle,
-                    &mut record,
-                    "server restarted during a transition",
-                )
-                .await?;
-                report.lost.push(record.id.clone());
-            }
-            (_, None) => {
-                lose(
-                    lifecycle,
-                    &mut record,
-                    "not running on this host after restart",
-                )
-                .await?;
-                report.lost.push(record.id.clone());
-            }
-        }
+        adopt_or_settle(lifecycle, record, running, &mut report).await?;
     }
     for id in live.into_keys() {
+        // A server that joined meanwhile may have stored it since the list was read.
+        let row = lifecycle.store().get_sandbox(&id).await?;
+        if row.is_some_and(|row| !row.state.is_terminal()) {
+            continue;
+        }
         destroy(lifecycle, &id).await;
         report.destroyed.push(id);
     }
@@ -159,6 +89,210 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
         orphan_dirs_removed = ?report.orphan_dirs_removed,
         "reconciled store with runtime"
     );
+    Ok(report)
+}
+
+/// A server joining others that share its store and nodes: nothing is settled (the leader does
+/// that, and the others' operations are under way), the runtime only learns where each sandbox
+/// runs. The report lists the running sandboxes found.
+pub async fn join(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
+    let live = lifecycle
+        .on_runtime(|runtime| runtime.list())
+        .await
+        .map_err(|source| LifecycleError::Runtime {
+            action: "list",
+            id: "*".to_string(),
+            source,
+        })?;
+    let mut adopted: Vec<String> = live.into_iter().map(|sandbox| sandbox.id).collect();
+    adopted.sort();
+    Ok(ReconcileReport {
+        adopted,
+        ..ReconcileReport::default()
+    })
+}
+
+/// Renews the supervisor deadlines of the build and warm-pool sandboxes this server holds (a
+/// server that does not lead; the leader's sweep renews every sandbox's).
+pub async fn renew_held(lifecycle: &Lifecycle) {
+    let building = lifecycle.build_sandboxes_in_use();
+    let pooled = lifecycle.pooled_ids();
+    let now = super::now_millis();
+    let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
+    let until = now.saturating_add(lease).max(0) as u64;
+    let renewals: Vec<String> = building
+        .unwrap_or_default()
+        .into_iter()
+        .chain(pooled)
+        .collect();
+    if renewals.is_empty() {
+        return;
+    }
+    let failed = lifecycle
+        .on_runtime(move |runtime| {
+            Ok(renewals
+                .into_iter()
+                .filter_map(|id| {
+                    runtime
+                        .renew(&id, until)
+                        .err()
+                        .map(|e| format!("{id}: {e}"))
+                })
+                .collect::<Vec<_>>())
+        })
+        .await
+        .unwrap_or_default();
+    if !failed.is_empty() {
+        tracing::warn!(?failed, "cannot renew supervisor deadlines");
+    }
+}
+
+/// Adopts, settles or marks lost one tracked sandbox, from its row and what the runtime runs under
+/// its ID (`running`). The start-up reconciliation calls it for every row; the leading server calls
+/// it for the rows a dead server left mid-transition ([`take_over`]).
+async fn adopt_or_settle(
+    lifecycle: &Lifecycle,
+    mut record: SandboxRecord,
+    running: Option<warren_runtime::Sandbox>,
+    report: &mut ReconcileReport,
+) -> Result<(), LifecycleError> {
+    match (record.state, running) {
+        (SandboxState::Paused, None) if record.pause_kind.is_some_and(PauseKind::on_disk) => {
+            report.kept_checkpoints.push(record.id.clone());
+        }
+        (SandboxState::Running, Some(sandbox))
+            if sandbox.state == warren_runtime::RuntimeState::Frozen =>
+        {
+            // Frozen under a running record: a fork, snapshot or layer commit that leaves the
+            // sandbox running was cut short. Its memory is whole; let it run on.
+            if thaw(lifecycle, &record.id).await {
+                record.ip = Some(sandbox.ip);
+                record.init_pid = Some(sandbox.init_pid);
+                lifecycle.remember_route(&record);
+                report.adopted.push(record.id.clone());
+            } else {
+                destroy(lifecycle, &record.id).await;
+                lose(
+                    lifecycle,
+                    &mut record,
+                    "frozen by a checkpoint a restart cut short, and it would not thaw",
+                )
+                .await?;
+                report.lost.push(record.id.clone());
+            }
+        }
+        (SandboxState::Running | SandboxState::Paused, Some(sandbox)) => {
+            let frozen = sandbox.state == warren_runtime::RuntimeState::Frozen;
+            let consistent = match record.state {
+                SandboxState::Running => !frozen,
+                _ => frozen && record.pause_kind == Some(PauseKind::Freeze),
+            };
+            if consistent {
+                record.ip = Some(sandbox.ip);
+                record.init_pid = Some(sandbox.init_pid);
+                lifecycle.remember_route(&record);
+                lifecycle.reinstall_network(&record).await;
+                report.adopted.push(record.id.clone());
+            } else {
+                destroy(lifecycle, &record.id).await;
+                lose(
+                    lifecycle,
+                    &mut record,
+                    "state on the host did not match the store",
+                )
+                .await?;
+                report.lost.push(record.id.clone());
+            }
+        }
+        (SandboxState::Pausing | SandboxState::Resuming, running) => {
+            if settle(lifecycle, &mut record, running).await? {
+                report.settled.push(record.id.clone());
+            } else {
+                report.lost.push(record.id.clone());
+            }
+        }
+        (_, Some(_)) => {
+            // Caught mid-transition by a restart (or its server's death): its state is unknown, so
+            // do not keep it.
+            destroy(lifecycle, &record.id).await;
+            lose(
+                lifecycle,
+                &mut record,
+                "its server stopped during a transition",
+            )
+            .await?;
+            report.lost.push(record.id.clone());
+        }
+        (_, None) => {
+            lose(
+                lifecycle,
+                &mut record,
+                "not running after its server stopped",
+            )
+            .await?;
+            report.lost.push(record.id.clone());
+        }
+    }
+    Ok(())
+}
+
+/// The leading server's part for the servers that died (docs/cluster.md): each sandbox a dead server
+/// left in `creating`, `pausing` or `resuming` is settled as a restart of that server would have
+/// settled it (from the checkpoint on the shared disk and what the nodes run), and its unfinished
+/// builds fail. `live`: the IDs of the servers alive now, this one among them.
+pub async fn take_over(
+    lifecycle: &Lifecycle,
+    live: &[String],
+) -> Result<ReconcileReport, LifecycleError> {
+    let mut report = ReconcileReport::default();
+    let orphaned = lifecycle.store().orphaned_transitions(live).await?;
+    if !orphaned.is_empty() {
+        let running: HashMap<String, warren_runtime::Sandbox> = lifecycle
+            .on_runtime(|runtime| runtime.list())
+            .await
+            .map_err(|source| LifecycleError::Runtime {
+                action: "list",
+                id: "*".to_string(),
+                source,
+            })?
+            .into_iter()
+            .map(|sandbox| (sandbox.id.clone(), sandbox))
+            .collect();
+        for record in orphaned {
+            let lock = lifecycle.lock_for(&record.id);
+            let Ok(_held) = lock.try_lock() else {
+                continue;
+            };
+            // Under the lock, the row as it is now: a live server may have moved it meanwhile.
+            let Some(current) = lifecycle.store().get_sandbox(&record.id).await? else {
+                continue;
+            };
+            if current.state != record.state || current.updated_at != record.updated_at {
+                continue;
+            }
+            let running = running.get(&record.id).cloned();
+            if let Err(error) = adopt_or_settle(lifecycle, current, running, &mut report).await {
+                tracing::warn!(sandbox = %record.id, %error, "cannot settle a sandbox a dead server left mid-transition");
+            }
+        }
+    }
+    let failed = lifecycle
+        .store()
+        .fail_unfinished_builds(
+            live,
+            "the server running this build stopped before it finished",
+            super::now_millis(),
+        )
+        .await?;
+    if report != ReconcileReport::default() || failed > 0 {
+        tracing::info!(
+            adopted = ?report.adopted,
+            lost = ?report.lost,
+            settled = ?report.settled,
+            failed_builds = failed,
+            "took over what dead servers left"
+        );
+    }
     Ok(report)
 }
 
@@ -345,7 +479,7 @@ async fn settle(
             lose(
                 lifecycle,
                 record,
-                "server restarted during a transition and nothing resumable is left",
+                "its server stopped during a transition and nothing resumable is left",
             )
             .await?;
             Ok(false)
@@ -408,6 +542,23 @@ fn build_in_use(building: Option<&HashSet<String>>, id: &str) -> bool {
     id.starts_with(BUILD_SANDBOX_PREFIX) && building.is_none_or(|in_use| in_use.contains(id))
 }
 
+/// The row-less sandboxes (builds, warm pools) the other live servers hold; none when the store is
+/// not shared.
+async fn held_by_other_servers(lifecycle: &Lifecycle) -> Result<HashSet<String>, LifecycleError> {
+    let store = lifecycle.store();
+    if !store.shared() {
+        return Ok(HashSet::new());
+    }
+    let since = super::now_millis() - super::servers::SERVER_LEASE.as_millis() as i64;
+    Ok(store
+        .live_servers(since)
+        .await?
+        .into_iter()
+        .filter(|server| server.id != store.server_id())
+        .flat_map(|server| server.holds)
+        .collect())
+}
+
 /// What one periodic pass fixed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SweepReport {
@@ -449,8 +600,10 @@ pub async fn sweep(
         .await?;
     let tracked_ids: HashSet<&str> = tracked.iter().map(|r| r.id.as_str()).collect();
     let building = lifecycle.build_sandboxes_in_use();
-    // Warm-pool members have no row either; the pool holds them.
-    let pooled = lifecycle.pooled_ids();
+    // Warm-pool members have no row either; the pool holds them. Other servers sharing the nodes
+    // publish the build and pool sandboxes they hold.
+    let mut pooled = lifecycle.pooled_ids();
+    pooled.extend(held_by_other_servers(lifecycle).await?);
     let mut report = SweepReport::default();
 
     let mut still_suspect = HashSet::new();

@@ -1,6 +1,7 @@
 //! The scheduler: at each tick, sandboxes whose end time has passed are paused (autoPause) or killed;
 //! every `snapshot_retention.interval` the snapshot garbage collector applies the retention policy;
-//! every `reconcile_interval` the reconciler's sweep fixes what disagrees with the host.
+//! every `reconcile_interval` the reconciler's sweep fixes what disagrees with the host. With servers
+//! sharing the store, only the leading one does these (`servers.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -60,6 +61,9 @@ pub async fn run(
         tokio::select! {
             _ = ticker.tick() => {}
             _ = gc_ticker.tick() => {
+                if !lifecycle.leads() {
+                    continue;
+                }
                 match lifecycle.collect_snapshots(now_millis()).await {
                     Ok(report) if !report.deleted.is_empty() => {
                         tracing::info!(deleted = ?report.deleted, "snapshot retention applied");
@@ -70,6 +74,13 @@ pub async fn run(
                 continue;
             }
             _ = reconcile_ticker.tick() => {
+                if !lifecycle.leads() {
+                    // The leader's sweep covers every sandbox with a row; this server's builds
+                    // and warm pools are its own to keep alive.
+                    suspects.clear();
+                    super::reconcile::renew_held(&lifecycle).await;
+                    continue;
+                }
                 if let Err(error) = super::reconcile::sweep(&lifecycle, &mut suspects).await {
                     tracing::error!(%error, "periodic reconciliation failed");
                 }
@@ -79,6 +90,9 @@ pub async fn run(
         }
         if *shutdown.borrow() {
             return;
+        }
+        if !lifecycle.leads() {
+            continue;
         }
         match expire_due(&lifecycle, now_millis()).await {
             Ok(report) if report != ExpiryReport::default() => {

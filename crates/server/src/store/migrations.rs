@@ -331,6 +331,7 @@ mod tests {
         (20, "7b756bc4f652c171"),
         (21, "336f1c65055fdfb1"),
         (22, "63b679eac89f7cf9"),
+        (23, "c2eb9958b57378b9"),
     ];
 
     /// Version and the first 16 hex digits of the SHA-384 sqlx records for each rendering.
@@ -357,5 +358,6 @@ mod tests {
         (20, "1b7f9377135471a4"),
         (21, "8fdf5eb76ccd790d"),
         (22, "78dd86d81e9c2bbb"),
+        (23, "331dc7ad6fa6b17d"),
     ];
 }

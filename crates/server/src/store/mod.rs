@@ -14,6 +14,7 @@ mod sqlite_fleet;
 mod sqlite_logs;
 mod sqlite_metrics;
 mod sqlite_secrets;
+mod sqlite_servers;
 mod sqlite_snapshots;
 mod sqlite_template_builds;
 mod sqlite_volumes;
@@ -712,6 +713,34 @@ pub struct TransitionUpdate {
     pub end_at: Option<Millis>,
 }
 
+/// A server sharing the store (`servers` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerRecord {
+    pub id: String,
+    /// Its API's address, as it was told to listen (for operators).
+    pub address: String,
+    pub started_at: Millis,
+    pub renewed_at: Millis,
+    /// Row-less sandboxes it keeps on the runtime (build and warm-pool sandboxes).
+    pub holds: Vec<String>,
+    /// Whether it led at its last renewal.
+    pub leading: bool,
+}
+
+/// What a server's renewal of its row says ([`Store::renew_server`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ServerRenewal<'a> {
+    pub address: &'a str,
+    pub holds: &'a [String],
+    pub leading: bool,
+    pub now: Millis,
+}
+
+/// A new server ID: `srv-` and 16 hex digits.
+pub fn new_server_id() -> String {
+    format!("srv-{:016x}", rand::random::<u64>())
+}
+
 /// A snapshot of a running sandbox: a checkpoint new sandboxes restore from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SnapshotRecord {
@@ -855,9 +884,38 @@ pub trait Store: Send + Sync {
         template_id: &str,
         build_id: &str,
     ) -> Result<Option<BuildRecord>, StoreError>;
-    /// Fails the builds an earlier run left waiting or building (and templates whose current build
-    /// that was); returns how many.
-    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError>;
+    /// Fails the builds left waiting or building by a server not among `live` (and templates whose
+    /// current build that was); returns how many. Each build's owner is the server that last
+    /// stored it; with `live` empty, every unfinished build fails (one server, at its start).
+    async fn fail_unfinished_builds(
+        &self,
+        live: &[String],
+        reason: &str,
+        now: Millis,
+    ) -> Result<u64, StoreError>;
+
+    // Servers sharing the store (cluster mode, docs/cluster.md)
+    /// This process's ID: the owner recorded on every sandbox row and build it writes.
+    fn server_id(&self) -> &str;
+    /// Whether other servers can share this store at once (PostgreSQL). A SQLite file is one
+    /// server's alone.
+    fn shared(&self) -> bool;
+    /// Records that this server is alive at `now` (its row is inserted the first time), reachable at
+    /// `address`, keeping the sandboxes in `holds` on the runtime without sandbox rows, and
+    /// whether it leads.
+    async fn renew_server(&self, renewal: &ServerRenewal<'_>) -> Result<(), StoreError>;
+    /// The servers renewed at or after `since`, this one included when it was.
+    async fn live_servers(&self, since: Millis) -> Result<Vec<ServerRecord>, StoreError>;
+    /// Removes this server's row (a clean stop) and the rows not renewed since `before`.
+    async fn forget_servers(&self, this_one: bool, before: Millis) -> Result<u64, StoreError>;
+    /// Takes the lead among the servers sharing the store, or keeps it: true while this server holds
+    /// it. One server leads at a time; it runs what must run once (timeouts, the reconciler, the
+    /// monitor, webhooks). A store nobody shares always leads.
+    async fn lead(&self) -> Result<bool, StoreError>;
+    /// Sandboxes in `creating`, `pausing` or `resuming` last written by a server not among `live`:
+    /// operations a dead server left half done.
+    async fn orphaned_transitions(&self, live: &[String])
+        -> Result<Vec<SandboxRecord>, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

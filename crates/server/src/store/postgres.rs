@@ -22,9 +22,10 @@ use super::{
     migrations, postgres_records as records, ApiKeyRecord, BuildRecord, BuildSandboxEvent,
     ChecksumStatus, DatabaseUrl, EventQuery, IdempotencyClaim, LifecycleEvent, LogQuery,
     MetricSample, Millis, OperationTiming, PauseKind, Policy, PolicyEvent, SandboxEvent,
-    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, SnapshotFilter, SnapshotRecord,
-    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, VolumeDeletion,
-    VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord, LAST_USED_RESOLUTION_MS,
+    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, ServerRecord, ServerRenewal,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate, VolumeDeletion, VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord,
+    LAST_USED_RESOLUTION_MS,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::EgressRules;
@@ -32,8 +33,20 @@ use warren_runtime::network::egress::EgressRules;
 /// Connections one server keeps to the database.
 const MAX_CONNECTIONS: u32 = 16;
 
+/// The session advisory lock the leading server holds (`pg_try_advisory_lock`), on a connection of
+/// its own outside the pool: PostgreSQL lets it go the moment that connection ends, so a server that
+/// dies or loses the database stops leading by itself.
+const LEAD_LOCK: i64 = 0x7761_7272_656e_4c44; // "warrenLD"
+
+/// How long the leader's check of its own connection may take before it counts as lost.
+const LEAD_CHECK_TIMEOUT: Duration = Duration::from_secs(3);
+
 pub struct PgStore {
     pool: PgPool,
+    options: PgConnectOptions,
+    server_id: String,
+    /// The connection holding [`LEAD_LOCK`] while this server leads.
+    leading: tokio::sync::Mutex<Option<sqlx::PgConnection>>,
 }
 
 impl PgStore {
@@ -48,7 +61,7 @@ impl PgStore {
         let pool = PgPoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
             .map_err(|source| StoreError::Connect {
                 url: url.to_string(),
@@ -56,7 +69,12 @@ impl PgStore {
             })?;
         let migrator = sqlx::migrate::Migrator::new(migrations::Postgres).await?;
         migrator.run(&pool).await?;
-        Ok(PgStore { pool })
+        Ok(PgStore {
+            pool,
+            options,
+            server_id: super::new_server_id(),
+            leading: tokio::sync::Mutex::new(None),
+        })
     }
 
     /// The pool (tests reach the raw rows through it).
@@ -284,7 +302,7 @@ impl Store for PgStore {
     }
 
     async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError> {
-        records::upsert_build(&self.pool, build).await
+        records::upsert_build(&self.pool, build, &self.server_id).await
     }
 
     async fn get_build(
@@ -295,8 +313,69 @@ impl Store for PgStore {
         records::get_build(&self.pool, template_id, build_id).await
     }
 
-    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError> {
-        records::fail_unfinished_builds(&self.pool, reason, now).await
+    async fn fail_unfinished_builds(
+        &self,
+        live: &[String],
+        reason: &str,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        records::fail_unfinished_builds(&self.pool, live, reason, now).await
+    }
+
+    fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    async fn renew_server(&self, renewal: &ServerRenewal<'_>) -> Result<(), StoreError> {
+        records::renew_server(&self.pool, &self.server_id, renewal).await
+    }
+
+    async fn live_servers(&self, since: Millis) -> Result<Vec<ServerRecord>, StoreError> {
+        records::live_servers(&self.pool, since).await
+    }
+
+    async fn forget_servers(&self, this_one: bool, before: Millis) -> Result<u64, StoreError> {
+        let id = this_one.then_some(self.server_id.as_str());
+        records::forget_servers(&self.pool, id, before).await
+    }
+
+    async fn lead(&self) -> Result<bool, StoreError> {
+        use sqlx::Connection;
+        let mut leading = self.leading.lock().await;
+        if let Some(connection) = leading.as_mut() {
+            // Still the leader while the connection that holds the lock still answers.
+            match tokio::time::timeout(LEAD_CHECK_TIMEOUT, connection.ping()).await {
+                Ok(Ok(())) => return Ok(true),
+                Ok(Err(error)) => {
+                    tracing::warn!(%error, "lost the connection that held the lead");
+                }
+                Err(_) => tracing::warn!("the connection that held the lead stopped answering"),
+            }
+            // Dropping it closes it (if it still can), which releases the lock on the database's
+            // side; a dead connection's lock goes when PostgreSQL notices.
+            *leading = None;
+            return Ok(false);
+        }
+        let mut connection = sqlx::PgConnection::connect_with(&self.options).await?;
+        let won: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+            .bind(LEAD_LOCK)
+            .fetch_one(&mut connection)
+            .await?;
+        if won {
+            *leading = Some(connection);
+        }
+        Ok(won)
+    }
+
+    async fn orphaned_transitions(
+        &self,
+        live: &[String],
+    ) -> Result<Vec<SandboxRecord>, StoreError> {
+        records::orphaned_transitions(&self.pool, live).await
     }
 
     async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError> {
@@ -329,9 +408,9 @@ impl Store for PgStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress, policies, ingress, auto_pause_memory, volume_mounts) \
+             traffic_access_token, egress, policies, ingress, auto_pause_memory, volume_mounts, owner) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, \
-             $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29)",
+             $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29, $30)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -362,6 +441,7 @@ impl Store for PgStore {
         .bind((!s.ingress.is_default()).then(|| to_json(&s.ingress)))
         .bind(flag(s.auto_pause_memory))
         .bind((!s.volumes.is_empty()).then(|| to_json(&s.volumes)))
+        .bind(&self.server_id)
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -456,6 +536,7 @@ impl Store for PgStore {
             .push(", state_reason = ")
             .push_bind(update.reason.clone());
         query.push(", updated_at = ").push_bind(now);
+        query.push(", owner = ").push_bind(&self.server_id);
         if let Some(ip) = &update.ip {
             query.push(", ip = ").push_bind(ip.map(|ip| ip.to_string()));
         }

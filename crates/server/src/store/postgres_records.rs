@@ -8,13 +8,14 @@ use sqlx::{PgPool, Postgres, QueryBuilder, Row};
 
 use super::rows::{
     build_from_row, event_from_row, int, line_from_row, metadata_json, sample_from_row,
-    secret_from_row, snapshot_from_row, tag_from_row, volume_from_row, workspace_from_row,
-    workspace_move_from_row,
+    sandbox_from_row, secret_from_row, server_from_row, snapshot_from_row, tag_from_row,
+    volume_from_row, workspace_from_row, workspace_move_from_row,
 };
 use super::{
     BuildRecord, LogLevel, LogQuery, MetricSample, Millis, OperationTiming, Policy, PolicyEvent,
-    SandboxLogLine, SecretRecord, SnapshotFilter, SnapshotRecord, StoreError, TemplateTag,
-    VolumeDeletion, VolumeRecord, WorkspaceMove, WorkspaceRecord,
+    SandboxLogLine, SandboxRecord, SecretRecord, ServerRecord, ServerRenewal, SnapshotFilter,
+    SnapshotRecord, StoreError, TemplateTag, VolumeDeletion, VolumeRecord, WorkspaceMove,
+    WorkspaceRecord,
 };
 
 pub(super) async fn assign_tags(
@@ -70,12 +71,16 @@ pub(super) async fn list_tags(
 }
 
 /// A late `building` never overwrites a build that already finished (as on SQLite).
-pub(super) async fn upsert_build(pool: &PgPool, build: &BuildRecord) -> Result<(), StoreError> {
+pub(super) async fn upsert_build(
+    pool: &PgPool,
+    build: &BuildRecord,
+    owner: &str,
+) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO template_builds (build_id, template_id, status, reason, created_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, $6) \
+        "INSERT INTO template_builds (build_id, template_id, status, reason, created_at, updated_at, \
+         owner) VALUES ($1, $2, $3, $4, $5, $6, $7) \
          ON CONFLICT (build_id) DO UPDATE SET status = excluded.status, reason = excluded.reason, \
-         updated_at = excluded.updated_at \
+         updated_at = excluded.updated_at, owner = excluded.owner \
          WHERE NOT (excluded.status = 'building' AND template_builds.status IN ('ready', 'error'))",
     )
     .bind(&build.build_id)
@@ -84,6 +89,7 @@ pub(super) async fn upsert_build(pool: &PgPool, build: &BuildRecord) -> Result<(
     .bind(&build.reason)
     .bind(build.created_at)
     .bind(build.updated_at)
+    .bind(owner)
     .execute(pool)
     .await?;
     Ok(())
@@ -102,29 +108,96 @@ pub(super) async fn get_build(
     row.as_ref().map(build_from_row).transpose()
 }
 
+/// `$1`, the live servers' IDs, may be empty: then every unfinished build is orphaned.
+const ORPHANED_BUILD: &str = "status IN ('waiting', 'building') AND \
+     (cardinality($1::text[]) = 0 OR owner IS NULL OR NOT (owner = ANY($1::text[])))";
+
 pub(super) async fn fail_unfinished_builds(
     pool: &PgPool,
+    live: &[String],
     reason: &str,
     now: Millis,
 ) -> Result<u64, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "UPDATE templates SET status = 'error', updated_at = $1 WHERE status IN ('waiting', 'building') \
-         AND build_id IN (SELECT build_id FROM template_builds WHERE status IN ('waiting', 'building'))",
-    )
+    sqlx::query(&format!(
+        "UPDATE templates SET status = 'error', updated_at = $2 WHERE status IN ('waiting', 'building') \
+         AND build_id IN (SELECT build_id FROM template_builds WHERE {ORPHANED_BUILD})"
+    ))
+    .bind(live)
     .bind(now)
     .execute(&mut *tx)
     .await?;
-    let done = sqlx::query(
-        "UPDATE template_builds SET status = 'error', reason = $1, updated_at = $2 \
-         WHERE status IN ('waiting', 'building')",
-    )
+    let done = sqlx::query(&format!(
+        "UPDATE template_builds SET status = 'error', reason = $2, updated_at = $3 \
+         WHERE {ORPHANED_BUILD}"
+    ))
+    .bind(live)
     .bind(reason)
     .bind(now)
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
     Ok(done.rows_affected())
+}
+
+pub(super) async fn renew_server(
+    pool: &PgPool,
+    id: &str,
+    renewal: &ServerRenewal<'_>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO servers (id, address, started_at, renewed_at, holds, leader) \
+         VALUES ($1, $2, $3, $3, $4, $5) \
+         ON CONFLICT (id) DO UPDATE SET address = excluded.address, \
+         renewed_at = excluded.renewed_at, holds = excluded.holds, leader = excluded.leader",
+    )
+    .bind(id)
+    .bind(renewal.address)
+    .bind(renewal.now)
+    .bind(super::rows::to_json(&renewal.holds))
+    .bind(i64::from(renewal.leading))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+pub(super) async fn live_servers(
+    pool: &PgPool,
+    since: Millis,
+) -> Result<Vec<ServerRecord>, StoreError> {
+    let rows = sqlx::query("SELECT * FROM servers WHERE renewed_at >= $1 ORDER BY started_at, id")
+        .bind(since)
+        .fetch_all(pool)
+        .await?;
+    rows.iter().map(server_from_row).collect()
+}
+
+pub(super) async fn forget_servers(
+    pool: &PgPool,
+    id: Option<&str>,
+    before: Millis,
+) -> Result<u64, StoreError> {
+    let done = sqlx::query("DELETE FROM servers WHERE renewed_at < $1 OR id = $2")
+        .bind(before)
+        .bind(id)
+        .execute(pool)
+        .await?;
+    Ok(done.rows_affected())
+}
+
+pub(super) async fn orphaned_transitions(
+    pool: &PgPool,
+    live: &[String],
+) -> Result<Vec<SandboxRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM sandboxes WHERE state IN ('creating', 'pausing', 'resuming') \
+         AND (cardinality($1::text[]) = 0 OR owner IS NULL OR NOT (owner = ANY($1::text[]))) \
+         ORDER BY started_at, id",
+    )
+    .bind(live)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(sandbox_from_row).collect()
 }
 
 pub(super) async fn insert_volume(pool: &PgPool, volume: &VolumeRecord) -> Result<(), StoreError> {

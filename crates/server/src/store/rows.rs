@@ -13,9 +13,9 @@ use sqlx::{Decode, Row, Type};
 
 use super::{
     ApiKeyRecord, BuildRecord, BuildState, ChecksumStatus, LogLevel, MetricSample, PauseKind,
-    SandboxEvent, SandboxLogLine, SandboxRecord, SecretRecord, SnapshotRecord, StoreError,
-    TeamRecord, TemplateRecord, TemplateTag, VolumeRecord, WebhookRecord, WorkspaceMove,
-    WorkspaceRecord,
+    SandboxEvent, SandboxLogLine, SandboxRecord, SecretRecord, ServerRecord, SnapshotRecord,
+    StoreError, TeamRecord, TemplateRecord, TemplateTag, VolumeRecord, WebhookRecord,
+    WorkspaceMove, WorkspaceRecord,
 };
 use crate::lifecycle::state::SandboxState;
 use crate::secrets::Sealed;
@@ -479,5 +479,18 @@ pub(super) fn workspace_move_from_row(row: &impl Columns) -> Result<WorkspaceMov
         action: row.try_get("action")?,
         reason: row.try_get("reason")?,
         at: row.try_get("at")?,
+    })
+}
+
+pub(super) fn server_from_row(row: &impl Columns) -> Result<ServerRecord, StoreError> {
+    let id: String = row.try_get("id")?;
+    let holds: String = row.try_get("holds")?;
+    Ok(ServerRecord {
+        address: row.try_get("address")?,
+        started_at: row.try_get("started_at")?,
+        renewed_at: row.try_get("renewed_at")?,
+        holds: serde_json::from_str(&holds).map_err(|e| corrupt("server holds", &id, e))?,
+        leading: row.flag("leader")?,
+        id,
     })
 }

@@ -14,13 +14,14 @@ use super::rows::{
     template_from_row, to_json, webhook_from_row,
 };
 use super::{
-    sqlite_fleet, sqlite_logs, sqlite_metrics, sqlite_secrets, sqlite_snapshots,
+    sqlite_fleet, sqlite_logs, sqlite_metrics, sqlite_secrets, sqlite_servers, sqlite_snapshots,
     sqlite_template_builds, sqlite_volumes, sqlite_workspaces, ApiKeyRecord, BuildRecord,
     BuildSandboxEvent, ChecksumStatus, EventQuery, IdempotencyClaim, LifecycleEvent, LogQuery,
     MetricSample, Millis, OperationTiming, PauseKind, Policy, PolicyEvent, SandboxEvent,
-    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, SnapshotFilter, SnapshotRecord,
-    Store, StoreError, TeamRecord, TemplateRecord, TemplateTag, TransitionUpdate, VolumeDeletion,
-    VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord, LAST_USED_RESOLUTION_MS,
+    SandboxFilter, SandboxLogLine, SandboxRecord, SecretRecord, ServerRecord, ServerRenewal,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TemplateTag,
+    TransitionUpdate, VolumeDeletion, VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord,
+    LAST_USED_RESOLUTION_MS,
 };
 use crate::lifecycle::state::SandboxState;
 use warren_runtime::network::egress::EgressRules;
@@ -32,6 +33,7 @@ pub const DATABASE_FILE: &str = "warren.db";
 
 pub struct SqliteStore {
     pool: SqlitePool,
+    server_id: String,
 }
 
 impl SqliteStore {
@@ -58,7 +60,10 @@ impl SqliteStore {
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
-        Ok(SqliteStore { pool })
+        Ok(SqliteStore {
+            pool,
+            server_id: super::new_server_id(),
+        })
     }
 }
 
@@ -555,7 +560,7 @@ impl Store for SqliteStore {
     }
 
     async fn upsert_build(&self, build: &BuildRecord) -> Result<(), StoreError> {
-        sqlite_template_builds::upsert_build(&self.pool, build).await
+        sqlite_template_builds::upsert_build(&self.pool, build, &self.server_id).await
     }
 
     async fn get_build(
@@ -566,8 +571,46 @@ impl Store for SqliteStore {
         sqlite_template_builds::get_build(&self.pool, template_id, build_id).await
     }
 
-    async fn fail_unfinished_builds(&self, reason: &str, now: Millis) -> Result<u64, StoreError> {
-        sqlite_template_builds::fail_unfinished_builds(&self.pool, reason, now).await
+    async fn fail_unfinished_builds(
+        &self,
+        live: &[String],
+        reason: &str,
+        now: Millis,
+    ) -> Result<u64, StoreError> {
+        sqlite_template_builds::fail_unfinished_builds(&self.pool, live, reason, now).await
+    }
+
+    fn server_id(&self) -> &str {
+        &self.server_id
+    }
+
+    fn shared(&self) -> bool {
+        false
+    }
+
+    async fn renew_server(&self, renewal: &ServerRenewal<'_>) -> Result<(), StoreError> {
+        sqlite_servers::renew(&self.pool, &self.server_id, renewal).await
+    }
+
+    async fn live_servers(&self, since: Millis) -> Result<Vec<ServerRecord>, StoreError> {
+        sqlite_servers::live(&self.pool, since).await
+    }
+
+    async fn forget_servers(&self, this_one: bool, before: Millis) -> Result<u64, StoreError> {
+        let id = this_one.then_some(self.server_id.as_str());
+        sqlite_servers::forget(&self.pool, id, before).await
+    }
+
+    async fn lead(&self) -> Result<bool, StoreError> {
+        // The state directory's lock keeps every other server off this file.
+        Ok(true)
+    }
+
+    async fn orphaned_transitions(
+        &self,
+        live: &[String],
+    ) -> Result<Vec<SandboxRecord>, StoreError> {
+        sqlite_servers::orphaned_transitions(&self.pool, live).await
     }
 
     async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError> {
@@ -600,8 +643,8 @@ impl Store for SqliteStore {
             "INSERT INTO sandboxes (id, template_id, alias, client_id, state, state_reason, metadata, env_vars, \
              vcpus, memory_mib, disk_mib, auto_pause, auto_resume, allow_internet, envd_access_token, ip, \
              init_pid, pause_kind, snapshot_dir, started_at, end_at, updated_at, team_id, \
-             traffic_access_token, egress, policies, ingress, auto_pause_memory, volume_mounts) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+             traffic_access_token, egress, policies, ingress, auto_pause_memory, volume_mounts, owner) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(&s.id)
         .bind(&s.template_id)
@@ -632,6 +675,7 @@ impl Store for SqliteStore {
         .bind((!s.ingress.is_default()).then(|| to_json(&s.ingress)))
         .bind(s.auto_pause_memory)
         .bind((!s.volumes.is_empty()).then(|| to_json(&s.volumes)))
+        .bind(&self.server_id)
         .execute(&mut *tx)
         .await?;
         insert_event(
@@ -731,6 +775,7 @@ impl Store for SqliteStore {
             .push(", state_reason = ")
             .push_bind(update.reason.clone());
         query.push(", updated_at = ").push_bind(now);
+        query.push(", owner = ").push_bind(&self.server_id);
         if let Some(ip) = &update.ip {
             query.push(", ip = ").push_bind(ip.map(|ip| ip.to_string()));
         }

@@ -2,7 +2,7 @@
 //! (`template_builds`, migration 0008), kept apart from `sqlite.rs` to keep files short.
 //! [`super::SqliteStore`]'s `Store` impl calls these.
 
-use sqlx::SqlitePool;
+use sqlx::{QueryBuilder, Sqlite, SqlitePool};
 
 use super::rows::{build_from_row, tag_from_row};
 use super::{BuildRecord, Millis, StoreError, TemplateTag};
@@ -66,12 +66,16 @@ pub async fn list_tags(
 
 /// A late `building` (the server records it after handing the build to its thread) never overwrites a
 /// build that already finished.
-pub async fn upsert_build(pool: &SqlitePool, build: &BuildRecord) -> Result<(), StoreError> {
+pub async fn upsert_build(
+    pool: &SqlitePool,
+    build: &BuildRecord,
+    owner: &str,
+) -> Result<(), StoreError> {
     sqlx::query(
-        "INSERT INTO template_builds (build_id, template_id, status, reason, created_at, updated_at) \
-         VALUES (?, ?, ?, ?, ?, ?) \
+        "INSERT INTO template_builds (build_id, template_id, status, reason, created_at, updated_at, \
+         owner) VALUES (?, ?, ?, ?, ?, ?, ?) \
          ON CONFLICT (build_id) DO UPDATE SET status = excluded.status, reason = excluded.reason, \
-         updated_at = excluded.updated_at \
+         updated_at = excluded.updated_at, owner = excluded.owner \
          WHERE NOT (excluded.status = 'building' AND template_builds.status IN ('ready', 'error'))",
     )
     .bind(&build.build_id)
@@ -80,6 +84,7 @@ pub async fn upsert_build(pool: &SqlitePool, build: &BuildRecord) -> Result<(), 
     .bind(&build.reason)
     .bind(build.created_at)
     .bind(build.updated_at)
+    .bind(owner)
     .execute(pool)
     .await?;
     Ok(())
@@ -102,25 +107,38 @@ pub async fn get_build(
 /// was (status still waiting/building) `error`. Returns how many builds changed.
 pub async fn fail_unfinished_builds(
     pool: &SqlitePool,
+    live: &[String],
     reason: &str,
     now: Millis,
 ) -> Result<u64, StoreError> {
+    // The unfinished builds of servers not among `live`.
+    let orphaned = |query: &mut QueryBuilder<Sqlite>| {
+        query.push("status IN ('waiting', 'building')");
+        if !live.is_empty() {
+            query.push(" AND (owner IS NULL OR owner NOT IN (");
+            let mut list = query.separated(", ");
+            for id in live {
+                list.push_bind(id.clone());
+            }
+            query.push("))");
+        }
+    };
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "UPDATE templates SET status = 'error', updated_at = ? WHERE status IN ('waiting', 'building') \
-         AND build_id IN (SELECT build_id FROM template_builds WHERE status IN ('waiting', 'building'))",
-    )
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
-    let done = sqlx::query(
-        "UPDATE template_builds SET status = 'error', reason = ?, updated_at = ? \
-         WHERE status IN ('waiting', 'building')",
-    )
-    .bind(reason)
-    .bind(now)
-    .execute(&mut *tx)
-    .await?;
+    let mut templates = QueryBuilder::new("UPDATE templates SET status = 'error', updated_at = ");
+    templates.push_bind(now);
+    templates.push(
+        " WHERE status IN ('waiting', 'building') AND build_id IN (SELECT build_id FROM \
+         template_builds WHERE ",
+    );
+    orphaned(&mut templates);
+    templates.push(")");
+    templates.build().execute(&mut *tx).await?;
+    let mut builds = QueryBuilder::new("UPDATE template_builds SET status = 'error', reason = ");
+    builds.push_bind(reason.to_string());
+    builds.push(", updated_at = ").push_bind(now);
+    builds.push(" WHERE ");
+    orphaned(&mut builds);
+    let done = builds.build().execute(&mut *tx).await?;
     tx.commit().await?;
     Ok(done.rows_affected())
 }

@@ -11,10 +11,10 @@ use warren_server::secrets::Sealed;
 use warren_server::store::{
     ApiKeyRecord, BuildRecord, BuildSandboxEvent, BuildState, ChecksumStatus, EventQuery,
     IdempotencyClaim, LogLevel, LogQuery, MetricSample, Millis, Policy, SandboxEvent,
-    SandboxFilter, SandboxLogLine, SandboxRecord, SandboxVolume, SecretRecord, SnapshotFilter,
-    SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord, TransitionUpdate,
-    VolumeDeletion, VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord, DEFAULT_TEAM,
-    LAST_USED_RESOLUTION_MS,
+    SandboxFilter, SandboxLogLine, SandboxRecord, SandboxVolume, SecretRecord, ServerRenewal,
+    SnapshotFilter, SnapshotRecord, Store, StoreError, TeamRecord, TemplateRecord,
+    TransitionUpdate, VolumeDeletion, VolumeRecord, WebhookRecord, WorkspaceMove, WorkspaceRecord,
+    DEFAULT_TEAM, LAST_USED_RESOLUTION_MS,
 };
 pub fn sandbox(id: &str, started_at: Millis) -> SandboxRecord {
     SandboxRecord {
@@ -535,7 +535,10 @@ pub async fn builds_keep_their_state_and_a_restart_fails_unfinished_ones(store: 
         .unwrap();
 
     assert_eq!(
-        store.fail_unfinished_builds("restarted", 5).await.unwrap(),
+        store
+            .fail_unfinished_builds(&[], "restarted", 5)
+            .await
+            .unwrap(),
         2
     );
     for id in ["b1", "b3"] {
@@ -549,7 +552,10 @@ pub async fn builds_keep_their_state_and_a_restart_fails_unfinished_ones(store: 
         BuildState::Ready
     );
     assert_eq!(store.get_build("t2", "b1").await.unwrap(), None);
-    assert_eq!(store.fail_unfinished_builds("again", 6).await.unwrap(), 0);
+    assert_eq!(
+        store.fail_unfinished_builds(&[], "again", 6).await.unwrap(),
+        0
+    );
 }
 
 pub async fn tags_move_and_go_with_their_template(store: &dyn Store) {
@@ -1022,4 +1028,128 @@ pub async fn long_lists_page_in_order_both_ways(store: &dyn Store) {
         .await
         .unwrap();
     assert_eq!(creating.len(), ROWS - 270);
+}
+
+/// Two servers on one database (`a`, `b`): each one's row lives while renewed, every sandbox row and
+/// build remembers which server last wrote it, and what a server not among the live ones left mid
+/// transition or unfinished is found by that.
+pub async fn servers_share_a_store_by_lease_and_owner(a: &dyn Store, b: &dyn Store) {
+    assert_ne!(a.server_id(), b.server_id());
+    let (ida, idb) = (a.server_id().to_string(), b.server_id().to_string());
+    let (none, building, pool) = (
+        Vec::new(),
+        vec!["bld-x".to_string()],
+        vec!["pool-1".to_string()],
+    );
+    for (store, address, holds, leading, now) in [
+        (a, "127.0.0.1:1", &none, false, 1_000),
+        (b, "127.0.0.1:2", &building, false, 1_000),
+        (a, "127.0.0.1:1", &pool, true, 5_000),
+    ] {
+        let renewal = ServerRenewal {
+            address,
+            holds,
+            leading,
+            now,
+        };
+        store.renew_server(&renewal).await.unwrap();
+    }
+    let live = a.live_servers(2_000).await.unwrap();
+    assert_eq!(live.len(), 1, "{live:?}");
+    assert_eq!(
+        (live[0].id.as_str(), live[0].started_at, live[0].renewed_at),
+        (ida.as_str(), 1_000, 5_000)
+    );
+    assert_eq!(live[0].holds, ["pool-1"]);
+    assert!(live[0].leading);
+    let all = b.live_servers(0).await.unwrap();
+    assert_eq!(all.len(), 2);
+    let row_b = all.iter().find(|s| s.id == idb).unwrap();
+    assert_eq!(
+        (row_b.address.as_str(), &row_b.holds[..]),
+        ("127.0.0.1:2", &["bld-x".to_string()][..])
+    );
+
+    // Sandbox rows: the writer of the last change owns the row.
+    a.insert_sandbox(&sandbox("sa", 1)).await.unwrap();
+    b.insert_sandbox(&sandbox("sb", 2)).await.unwrap();
+    let ids = |rows: Vec<SandboxRecord>| rows.into_iter().map(|r| r.id).collect::<Vec<_>>();
+    let both = [ida.clone(), idb.clone()];
+    assert!(ids(a.orphaned_transitions(&both).await.unwrap()).is_empty());
+    assert_eq!(
+        ids(a
+            .orphaned_transitions(std::slice::from_ref(&ida))
+            .await
+            .unwrap()),
+        ["sb"]
+    );
+    assert_eq!(
+        ids(a.orphaned_transitions(&[]).await.unwrap()),
+        ["sa", "sb"]
+    );
+    a.transition_sandbox(
+        "sb",
+        SandboxState::Creating,
+        SandboxState::Running,
+        &TransitionUpdate::default(),
+        3,
+    )
+    .await
+    .unwrap();
+    b.transition_sandbox(
+        "sb",
+        SandboxState::Running,
+        SandboxState::Pausing,
+        &TransitionUpdate::default(),
+        4,
+    )
+    .await
+    .unwrap();
+    // sa is a's (creating), sb b's (pausing).
+    assert_eq!(
+        ids(b
+            .orphaned_transitions(std::slice::from_ref(&idb))
+            .await
+            .unwrap()),
+        ["sa"]
+    );
+    assert_eq!(
+        ids(b
+            .orphaned_transitions(std::slice::from_ref(&ida))
+            .await
+            .unwrap()),
+        ["sb"]
+    );
+
+    // Builds: only the dead server's unfinished ones fail.
+    a.upsert_build(&build("ba", BuildState::Building))
+        .await
+        .unwrap();
+    b.upsert_build(&build("bb", BuildState::Building))
+        .await
+        .unwrap();
+    assert_eq!(
+        a.fail_unfinished_builds(std::slice::from_ref(&ida), "its server died", 7)
+            .await
+            .unwrap(),
+        1
+    );
+    let status = |id: &'static str| async move { a.get_build("t1", id).await.unwrap().unwrap() };
+    assert_eq!(status("ba").await.status, BuildState::Building);
+    let bb = status("bb").await;
+    assert_eq!(
+        (bb.status, bb.reason.as_deref()),
+        (BuildState::Error, Some("its server died"))
+    );
+
+    // A clean stop removes its own row; the dead are forgotten after a while.
+    assert_eq!(a.forget_servers(true, 0).await.unwrap(), 1);
+    let left = b.live_servers(0).await.unwrap();
+    assert_eq!(
+        left.iter().map(|s| s.id.as_str()).collect::<Vec<_>>(),
+        [idb.as_str()]
+    );
+    assert_eq!(b.forget_servers(false, 500).await.unwrap(), 0);
+    assert_eq!(b.forget_servers(false, 2_000).await.unwrap(), 1);
+    assert!(b.live_servers(0).await.unwrap().is_empty());
 }

@@ -141,6 +141,12 @@ pub struct Lifecycle {
     setup_slots: tokio::sync::Semaphore,
     /// Restored, frozen sandboxes waiting for creates of their template (`--warm-pool`).
     pools: pool::WarmPools,
+    /// Whether this server leads the servers sharing its store (`lifecycle::servers`).
+    pub(in crate::lifecycle) leading: std::sync::atomic::AtomicBool,
+    /// Whether other servers may change this server's sandboxes: a shared store and nodes. Then
+    /// the proxy's route cache is not trusted (another server may pause a sandbox and its address
+    /// go to a new one), and the row is read for every connection.
+    pub(in crate::lifecycle) coordinated: bool,
 }
 
 /// What a template build's sandbox holds, and whose it is.
@@ -185,6 +191,8 @@ impl Lifecycle {
         metrics: Arc<Metrics>,
     ) -> Self {
         let capabilities = runtime.capabilities();
+        let store_shared = store.shared();
+        let runtime_nodes = runtime.nodes();
         let keyring =
             crate::secrets::Keyring::load(config.secrets_key_file.as_deref(), &config.state_dir);
         let setup_slots = tokio::sync::Semaphore::new(match config.limits.setup_concurrency {
@@ -207,6 +215,8 @@ impl Lifecycle {
             build_usage: Mutex::new(HashMap::new()),
             setup_slots,
             pools: pool::WarmPools::default(),
+            leading: std::sync::atomic::AtomicBool::new(false),
+            coordinated: store_shared && !runtime_nodes.is_empty(),
         }
     }
 

@@ -94,9 +94,11 @@ impl Lifecycle {
     /// Where the proxy should send traffic for sandbox `id`: resumes a paused sandbox that allows it.
     pub async fn route_for_traffic(&self, id: &str) -> Result<TrafficRoute, RouteError> {
         match self.routes.get(id) {
-            Some(Route::Live(route)) => return Ok(route),
+            // Another server may have paused it since, and its address gone to a new sandbox:
+            // with servers sharing the nodes, every connection reads the row.
+            Some(Route::Live(route)) if !self.coordinated => return Ok(route),
             Some(Route::Ending) => return Err(RouteError::NotFound(id.to_string())),
-            None => {}
+            _ => {}
         }
         let route = |record: &SandboxRecord| {
             record.ip.map(|ip| TrafficRoute {
