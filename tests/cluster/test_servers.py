@@ -268,3 +268,72 @@ def test_the_leader_killed_mid_create_hands_over_and_nothing_is_left_half_done(f
         if row["state"] == "running":
             b.api("DELETE", f"/sandboxes/{row['id']}")
     harness.wait_until("the nodes run nothing", lambda: not on_nodes(nodes), limit=60)
+
+
+def test_postgresql_restarted_under_load_loses_nothing(fleet):
+    database, nodes, (a, b) = fleet
+    start_both(a, b)
+    Sandbox = harness.sdk()
+    kept = Sandbox.create(timeout=600, **a.sdk())
+    kept.commands.run("sleep 4444", background=True)
+
+    # Creates and kills through both servers, all through the database's restart.
+    stop = threading.Event()
+    seen: list[tuple[str, object]] = []
+
+    def load(server: SharedServer):
+        while not stop.is_set():
+            status, body = server.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600}, timeout=60)
+            seen.append(("create", status))
+            if status == 201:
+                status, _ = server.api("DELETE", f"/sandboxes/{body['sandboxID']}", timeout=60)
+                seen.append(("kill", status))
+            elif status == 503:
+                time.sleep(0.2)
+
+    threads = [threading.Thread(target=load, args=(server,)) for server in (a, b)]
+    for thread in threads:
+        thread.start()
+    try:
+        time.sleep(2)
+        database.stop()
+        time.sleep(3)
+        database.start()
+        time.sleep(4)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    sys.__stderr__.write(f"\nthrough the restart: {sorted(set(seen))}, {len(seen)} answers\n")
+    # Every answer is a success, or 503 while the database was away: never a 500.
+    assert {status for _, status in seen} <= {201, 204, 503}, seen
+    assert ("create", 201) in seen and ("create", 503) in seen, seen
+
+    # Afterwards: one leader again, creates through both, the kept sandbox's processes intact.
+    harness.wait_until(
+        "one server leads again",
+        lambda: sum(s["leader"] for s in servers_listed(a)) == 1,
+        limit=30,
+    )
+    for server in (a, b):
+        box = Sandbox.create(timeout=600, **server.sdk())
+        assert box.commands.run("echo made").stdout.strip() == "made"
+        box.kill()
+        assert "sleep 4444" in Sandbox.connect(kept.sandbox_id, **server.sdk()).commands.run("ps -eo args").stdout
+
+    # Nothing left half done: no row mid-transition, nothing on the nodes without a running row.
+    def settled():
+        rows = a.rows()
+        if any(r["state"] in ("creating", "pausing", "resuming") for r in rows):
+            return None
+        running = {r["id"] for r in rows if r["state"] == "running"}
+        return rows if on_nodes(nodes) == running else None
+
+    rows = harness.wait_until("every row and node agree", settled, limit=90)
+    assert kept.sandbox_id in {r["id"] for r in rows if r["state"] == "running"}
+    outcome: dict = {}
+    for row in rows:
+        key = (row["state"], row["state_reason"] or "")
+        outcome[key] = outcome.get(key, 0) + 1
+    sys.__stderr__.write(f"rows afterwards: {sorted(outcome.items())}\n")
+    kept.kill()

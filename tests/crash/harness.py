@@ -138,18 +138,61 @@ def _as_nobody():
     os.setuid(NOBODY)
 
 
-@dataclass
 class Postgres:
-    """A private cluster: `url` for the server, `sql()` for the test's own looks at the rows."""
+    """A private cluster (`initdb` in a temp dir as `nobody`, a unix socket in that dir, no TCP
+    listener, fsync off) with a `warren` database: `url` for the server, `sql()` for the test's own
+    looks at the rows, `stop()` and `start()` to restart it under a running server."""
 
-    bin_dir: Path
-    socket_dir: Path
-    url: str
+    def __init__(self, password: str):
+        bin_dir = pg_bin()
+        assert bin_dir is not None
+        self.bin_dir = bin_dir
+        self.root = Path(tempfile.mkdtemp(prefix="wt-pg-e2e-"))
+        self.socket_dir = self.root / "sock"
+        self.socket_dir.mkdir()
+        for path in (self.root, self.socket_dir):
+            os.chown(path, NOBODY, NOBODY)
+        self.url = f"postgres://postgres:{password}@localhost/warren?host={self.socket_dir}"
+        self.process: subprocess.Popen | None = None
+        subprocess.run(
+            [str(bin_dir / "initdb"), "-D", str(self.root / "data"), "-U", "postgres", "--auth=trust",
+             "--no-sync", "--no-locale", "-E", "UTF8"],
+            check=True, capture_output=True, preexec_fn=_as_nobody,
+        )
+        self.start()
+        subprocess.run([str(bin_dir / "createdb"), "-h", str(self.socket_dir), "-U", "postgres", "warren"],
+                       check=True)
+
+    def start(self) -> None:
+        log = open(self.root / "postgres.log", "a")
+        os.chown(self.root / "postgres.log", NOBODY, NOBODY)
+        self.process = subprocess.Popen(
+            [str(self.bin_dir / "postgres"), "-D", str(self.root / "data"), "-k", str(self.socket_dir),
+             "-c", "listen_addresses=", "-c", "fsync=off", "-c", "synchronous_commit=off"],
+            stdout=log, stderr=log, preexec_fn=_as_nobody,
+        )
+        log.close()
+        wait_until("PostgreSQL accepting connections", lambda: subprocess.run(
+            [str(self.bin_dir / "pg_isready"), "-q", "-h", str(self.socket_dir), "-U", "postgres"]).returncode == 0,
+            60, 0.1)
+
+    def stop(self) -> None:
+        """Fast shutdown: every connection is cut, as when the database is restarted."""
+        if self.process is None:
+            return
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
 
     def sql(self, query: str) -> str:
         """Runs `query` on the `warren` database; its unaligned, tuple-only output."""
         run = subprocess.run(
-            [str(self.bin_dir / "psql"), "-h", str(self.socket_dir), "-U", "postgres", "-d", "warren", "-At", "-c", query],
+            [str(self.bin_dir / "psql"), "-h", str(self.socket_dir), "-U", "postgres", "-d", "warren", "-At",
+             "-c", query],
             capture_output=True, text=True, timeout=60,
         )
         assert run.returncode == 0, run.stderr
@@ -163,43 +206,14 @@ class Postgres:
 
 @contextlib.contextmanager
 def private_postgres(password: str = "unused"):
-    """Starts a PostgreSQL cluster of its own (`initdb` in a temp dir as `nobody`, a unix socket in
-    that dir, no TCP listener, fsync off) with a `warren` database; yields a `Postgres`. The caller
-    has checked `pg_bin()`."""
-    bin_dir = pg_bin()
-    assert bin_dir is not None
-    root = Path(tempfile.mkdtemp(prefix="wt-pg-e2e-"))
-    sock = root / "sock"
-    sock.mkdir()
-    for path in (root, sock):
-        os.chown(path, NOBODY, NOBODY)
-    subprocess.run(
-        [str(bin_dir / "initdb"), "-D", str(root / "data"), "-U", "postgres", "--auth=trust", "--no-sync",
-         "--no-locale", "-E", "UTF8"],
-        check=True, capture_output=True, preexec_fn=_as_nobody,
-    )
-    log = open(root / "postgres.log", "w")
-    os.chown(root / "postgres.log", NOBODY, NOBODY)
-    server = subprocess.Popen(
-        [str(bin_dir / "postgres"), "-D", str(root / "data"), "-k", str(sock), "-c", "listen_addresses=",
-         "-c", "fsync=off", "-c", "synchronous_commit=off"],
-        stdout=log, stderr=log, preexec_fn=_as_nobody,
-    )
+    """A started `Postgres`, stopped and removed on the way out. The caller has checked `pg_bin()`;
+    trust authentication ignores the password."""
+    database = Postgres(password)
     try:
-        wait_until("PostgreSQL accepting connections", lambda: subprocess.run(
-            [str(bin_dir / "pg_isready"), "-q", "-h", str(sock), "-U", "postgres"]).returncode == 0, 60, 0.1)
-        subprocess.run([str(bin_dir / "createdb"), "-h", str(sock), "-U", "postgres", "warren"], check=True)
-        # Trust authentication ignores the password.
-        yield Postgres(bin_dir, sock, f"postgres://postgres:{password}@localhost/warren?host={sock}")
+        yield database
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-        subprocess.run(["rm", "-rf", str(root)], check=False)
+        database.stop()
+        subprocess.run(["rm", "-rf", str(database.root)], check=False)
 
 
 class Warren:

@@ -267,3 +267,61 @@ async fn the_running_server_reconciles_every_period() {
         "{text}"
     );
 }
+
+/// An operation whose last state change never reached the store (the database was away) leaves its
+/// row mid-transition with the sandbox's lock let go: the server's own beat settles it from what
+/// runs, as a restart would.
+#[tokio::test]
+async fn the_servers_beat_settles_what_its_own_operations_left_mid_transition() {
+    use warren_server::lifecycle::{now_millis, servers};
+    use warren_server::store::TransitionUpdate;
+
+    let runtime = FakeRuntime::new(false);
+    let h = Harness::start_on(runtime.clone(), |_| {}).await;
+    let id = h.create(json!({"templateID": "base"})).await["sandboxID"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let lifecycle = &h.server.server.lifecycle;
+    let store = lifecycle.store();
+    // A pause that stored `pausing` and then lost the database before anything else.
+    store
+        .transition_sandbox(
+            &id,
+            SandboxState::Running,
+            SandboxState::Pausing,
+            &TransitionUpdate::default(),
+            now_millis(),
+        )
+        .await
+        .unwrap();
+    // A create that stored its row and never started the sandbox.
+    let mut stray = store.get_sandbox(&id).await.unwrap().unwrap();
+    stray.id = "abandoned-create".into();
+    stray.state = SandboxState::Creating;
+    store.insert_sandbox(&stray).await.unwrap();
+
+    servers::beat(lifecycle, "127.0.0.1:0").await.unwrap();
+    let paused = store.get_sandbox(&id).await.unwrap().unwrap();
+    assert_eq!(
+        paused.state,
+        SandboxState::Running,
+        "still runs: the pause was not taken"
+    );
+    let created = store
+        .get_sandbox("abandoned-create")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(created.state, SandboxState::Failed);
+    assert!(
+        created
+            .state_reason
+            .as_deref()
+            .unwrap()
+            .starts_with("lost:"),
+        "{:?}",
+        created.state_reason
+    );
+    h.server.stop().await.unwrap();
+}

@@ -113,12 +113,45 @@ impl ApiError {
                 error_code: Some("insufficient_storage"),
             };
         }
+        if database_unreachable_in_chain(error) {
+            return ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: format!(
+                    "the database cannot be reached just now; retry shortly (error id {id})"
+                ),
+                error_code: Some("database_unavailable"),
+            };
+        }
         ApiError {
             status: StatusCode::INTERNAL_SERVER_ERROR,
             message: format!("internal server error (error id {id})"),
             error_code: Some("internal_server_error"),
         }
     }
+}
+
+/// Whether the database could not be reached (PostgreSQL restarting or gone: no connection in the
+/// pool's time, a connection cut, SQLSTATE class 08 or 57P) anywhere in the cause chain of `error`.
+fn database_unreachable_in_chain(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(error) = cause {
+        if let Some(sqlx) = error.downcast_ref::<sqlx::Error>() {
+            match sqlx {
+                sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                    return true
+                }
+                sqlx::Error::Database(db) => {
+                    let code = db.code().unwrap_or_default();
+                    if code.starts_with("08") || code.starts_with("57P") {
+                        return true;
+                    }
+                }
+                _ => {}
+            }
+        }
+        cause = error.source();
+    }
+    false
 }
 
 /// Whether a full disk or quota (the store's `SQLITE_FULL`, ENOSPC, EDQUOT) is anywhere in the
@@ -305,6 +338,22 @@ mod tests {
             id: "sbx1".into(),
             source,
         })
+    }
+
+    #[test]
+    fn an_unreachable_database_is_503_and_other_store_errors_500() {
+        let lifecycle =
+            |error: sqlx::Error| ApiError::from(LifecycleError::Store(StoreError::Database(error)));
+        let timed_out = lifecycle(sqlx::Error::PoolTimedOut);
+        assert_eq!(timed_out.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(timed_out.error_code, Some("database_unavailable"));
+        assert!(timed_out.message.contains("retry"), "{}", timed_out.message);
+        let cut = lifecycle(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE);
+        let missing = lifecycle(sqlx::Error::RowNotFound);
+        assert_eq!(missing.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

@@ -236,6 +236,65 @@ async fn adopt_or_settle(
     Ok(())
 }
 
+/// Settles each of `rows` (sandboxes in `creating`, `pausing` or `resuming`) that nobody is working
+/// on, as a restart would: the runtime's list says what runs. A row whose lock this server holds, or
+/// that changed since it was read, is left alone.
+async fn settle_untended(
+    lifecycle: &Lifecycle,
+    rows: Vec<SandboxRecord>,
+) -> Result<ReconcileReport, LifecycleError> {
+    let mut report = ReconcileReport::default();
+    if rows.is_empty() {
+        return Ok(report);
+    }
+    let running: HashMap<String, warren_runtime::Sandbox> = lifecycle
+        .on_runtime(|runtime| runtime.list())
+        .await
+        .map_err(|source| LifecycleError::Runtime {
+            action: "list",
+            id: "*".to_string(),
+            source,
+        })?
+        .into_iter()
+        .map(|sandbox| (sandbox.id.clone(), sandbox))
+        .collect();
+    for record in rows {
+        let lock = lifecycle.lock_for(&record.id);
+        let Ok(_held) = lock.try_lock() else {
+            continue;
+        };
+        // Under the lock, the row as it is now: a live server may have moved it meanwhile.
+        let Some(current) = lifecycle.store().get_sandbox(&record.id).await? else {
+            continue;
+        };
+        if current.state != record.state || current.updated_at != record.updated_at {
+            continue;
+        }
+        let running = running.get(&record.id).cloned();
+        if let Err(error) = adopt_or_settle(lifecycle, current, running, &mut report).await {
+            tracing::warn!(sandbox = %record.id, %error, "cannot settle a sandbox left mid-transition");
+        }
+    }
+    Ok(report)
+}
+
+/// This server's own sandboxes left mid-transition: an operation whose last state change failed
+/// (the database was away, the disk full) and that let go of the sandbox's lock; settled as a
+/// restart would, so no row stays `creating`, `pausing` or `resuming` for good.
+pub async fn settle_abandoned(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
+    let rows = lifecycle.store().own_transitions().await?;
+    let report = settle_untended(lifecycle, rows).await?;
+    if report != ReconcileReport::default() {
+        tracing::warn!(
+            adopted = ?report.adopted,
+            lost = ?report.lost,
+            settled = ?report.settled,
+            "settled sandboxes this server's operations left mid-transition"
+        );
+    }
+    Ok(report)
+}
+
 /// The leading server's part for the servers that died (docs/cluster.md): each sandbox a dead server
 /// left in `creating`, `pausing` or `resuming` is settled as a restart of that server would have
 /// settled it (from the checkpoint on the shared disk and what the nodes run), and its unfinished
@@ -244,38 +303,8 @@ pub async fn take_over(
     lifecycle: &Lifecycle,
     live: &[String],
 ) -> Result<ReconcileReport, LifecycleError> {
-    let mut report = ReconcileReport::default();
     let orphaned = lifecycle.store().orphaned_transitions(live).await?;
-    if !orphaned.is_empty() {
-        let running: HashMap<String, warren_runtime::Sandbox> = lifecycle
-            .on_runtime(|runtime| runtime.list())
-            .await
-            .map_err(|source| LifecycleError::Runtime {
-                action: "list",
-                id: "*".to_string(),
-                source,
-            })?
-            .into_iter()
-            .map(|sandbox| (sandbox.id.clone(), sandbox))
-            .collect();
-        for record in orphaned {
-            let lock = lifecycle.lock_for(&record.id);
-            let Ok(_held) = lock.try_lock() else {
-                continue;
-            };
-            // Under the lock, the row as it is now: a live server may have moved it meanwhile.
-            let Some(current) = lifecycle.store().get_sandbox(&record.id).await? else {
-                continue;
-            };
-            if current.state != record.state || current.updated_at != record.updated_at {
-                continue;
-            }
-            let running = running.get(&record.id).cloned();
-            if let Err(error) = adopt_or_settle(lifecycle, current, running, &mut report).await {
-                tracing::warn!(sandbox = %record.id, %error, "cannot settle a sandbox a dead server left mid-transition");
-            }
-        }
-    }
+    let report = settle_untended(lifecycle, orphaned).await?;
     let failed = lifecycle
         .store()
         .fail_unfinished_builds(

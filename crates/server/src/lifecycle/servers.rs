@@ -95,6 +95,7 @@ pub async fn beat(lifecycle: &Lifecycle, address: &str) -> Result<(), LifecycleE
         })
         .await?;
     lead?;
+    super::reconcile::settle_abandoned(lifecycle).await?;
     if !leading || !store.shared() {
         return Ok(());
     }

@@ -916,6 +916,8 @@ pub trait Store: Send + Sync {
     /// operations a dead server left half done.
     async fn orphaned_transitions(&self, live: &[String])
         -> Result<Vec<SandboxRecord>, StoreError>;
+    /// Sandboxes in `creating`, `pausing` or `resuming` last written by this server.
+    async fn own_transitions(&self) -> Result<Vec<SandboxRecord>, StoreError>;
 
     // Sandboxes
     /// Insert a new sandbox and its first event (`None → record.state`).

@@ -378,6 +378,10 @@ impl Store for PgStore {
         records::orphaned_transitions(&self.pool, live).await
     }
 
+    async fn own_transitions(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        records::transitions_of(&self.pool, &self.server_id).await
+    }
+
     async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError> {
         records::insert_volume(&self.pool, volume).await
     }

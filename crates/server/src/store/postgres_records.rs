@@ -185,6 +185,20 @@ pub(super) async fn forget_servers(
     Ok(done.rows_affected())
 }
 
+pub(super) async fn transitions_of(
+    pool: &PgPool,
+    owner: &str,
+) -> Result<Vec<SandboxRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM sandboxes WHERE state IN ('creating', 'pausing', 'resuming') AND owner = $1 \
+         ORDER BY started_at, id",
+    )
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(sandbox_from_row).collect()
+}
+
 pub(super) async fn orphaned_transitions(
     pool: &PgPool,
     live: &[String],

@@ -613,6 +613,10 @@ impl Store for SqliteStore {
         sqlite_servers::orphaned_transitions(&self.pool, live).await
     }
 
+    async fn own_transitions(&self) -> Result<Vec<SandboxRecord>, StoreError> {
+        sqlite_servers::transitions_of(&self.pool, &self.server_id).await
+    }
+
     async fn insert_volume(&self, volume: &VolumeRecord) -> Result<(), StoreError> {
         sqlite_volumes::insert(&self.pool, volume).await
     }

@@ -69,3 +69,17 @@ pub async fn orphaned_transitions(
     let rows = query.build().fetch_all(pool).await?;
     rows.iter().map(sandbox_from_row).collect()
 }
+
+pub async fn transitions_of(
+    pool: &SqlitePool,
+    owner: &str,
+) -> Result<Vec<SandboxRecord>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT * FROM sandboxes WHERE state IN ('creating', 'pausing', 'resuming') AND owner = ? \
+         ORDER BY started_at, id",
+    )
+    .bind(owner)
+    .fetch_all(pool)
+    .await?;
+    rows.iter().map(sandbox_from_row).collect()
+}

@@ -1106,6 +1106,8 @@ pub async fn servers_share_a_store_by_lease_and_owner(a: &dyn Store, b: &dyn Sto
     .await
     .unwrap();
     // sa is a's (creating), sb b's (pausing).
+    assert_eq!(ids(a.own_transitions().await.unwrap()), ["sa"]);
+    assert_eq!(ids(b.own_transitions().await.unwrap()), ["sb"]);
     assert_eq!(
         ids(b
             .orphaned_transitions(std::slice::from_ref(&idb))
