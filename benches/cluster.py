@@ -150,6 +150,10 @@ def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 
             cluster._node_namespace(name, lan, server_address, node_address)
             made.append((name, lan))
             extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
+            if only == "many":
+                # Each node's own limits too (`warren node --max-*`).
+                extra += ["--max-sandboxes", str(amount + 16), "--max-total-memory-mib", str(2048 * (amount + 16)),
+                          "--max-total-vcpus", str(4 * (amount + 16))]
             if token is not None:
                 extra += ["--token-file", str(token)]
             node = cluster.Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)

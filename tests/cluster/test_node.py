@@ -262,12 +262,15 @@ class RemoteCluster(RemoteWarren):
 
 @pytest.fixture
 def remote_nodes(request):
-    """`request.param` nodes, each in a namespace of its own with its own subnet."""
+    """`request.param` nodes (a count, or a list of each node's extra flags), each in a namespace of
+    its own with its own subnet."""
     reason = harness.missing_prerequisite()
     if reason:
         sys.__stderr__.write(f"SKIP: {reason}\n")
         pytest.skip(reason)
-    count = getattr(request, "param", 1)
+    param = getattr(request, "param", 1)
+    flags = param if isinstance(param, list) else [[] for _ in range(param)]
+    count = len(flags)
     server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
     nodes, made = [], []
     try:
@@ -278,7 +281,7 @@ def remote_nodes(request):
             server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
             _node_namespace(name, lan, server_address, node_address)
             made.append((name, lan))
-            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
+            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address, *flags[index]]
             if token is not None:
                 extra += ["--token-file", str(token)]
             node = Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
@@ -433,6 +436,32 @@ def test_a_lost_node_loses_its_sandboxes_and_is_fenced_when_it_returns(remote_no
         limit=60,
     )
     assert next(r for r in warren.rows() if r["id"] == doomed.sandbox_id)["state"] == "failed"
+
+
+@pytest.mark.parametrize(
+    "remote_nodes", [[["--max-total-memory-mib", "2048"], ["--max-total-memory-mib", "1024"]]], indirect=True
+)
+def test_sandboxes_fill_the_nodes_by_their_limits_and_429_comes_only_when_all_are_full(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    # `base` sandboxes hold 512 MiB each: node A has room for four, node B for two.
+    made = []
+    for _ in range(6):
+        status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+        assert status == 201, body
+        made.append(body["sandboxID"])
+    assert (len(on(node_a)), len(on(node_b))) == (4, 2), (on(node_a), on(node_b))
+    # Both full: the cluster answers 429 naming each node's limit.
+    status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+    assert status == 429, body
+    assert "every node is full" in body["message"] and "--max-total-memory-mib" in body["message"], body
+    assert node_a.url.split("://")[1] in body["message"] and node_b.url.split("://")[1] in body["message"], body
+    # One sandbox of B ends: the next create goes there at once.
+    gone = next(iter(on(node_b)))
+    assert warren.api("DELETE", f"/sandboxes/{gone}")[0] == 204
+    status, body = warren.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600})
+    assert status == 201, body
+    assert body["sandboxID"] in on(node_b)
 
 
 def _warren_cli(warren, *args: str) -> subprocess.CompletedProcess:

@@ -430,6 +430,20 @@ pub struct NodeArgs {
     /// missing. Default: <state-dir>/node.token.
     #[arg(long, env = "WARREN_NODE_TOKEN_FILE", value_name = "PATH")]
     pub token_file: Option<PathBuf>,
+    /// Most sandboxes this node runs at once, for all its servers together; a start past it is
+    /// refused and the server places the sandbox on another node.
+    #[arg(long, env = "WARREN_NODE_MAX_SANDBOXES", default_value_t = 64)]
+    pub max_sandboxes: u32,
+    /// Most vCPUs the node's sandboxes hold together.
+    #[arg(long, env = "WARREN_NODE_MAX_TOTAL_VCPUS", default_value_t = 64.0)]
+    pub max_total_vcpus: f64,
+    /// Most memory (MiB, the sandboxes' limits) the node's sandboxes hold together.
+    #[arg(
+        long,
+        env = "WARREN_NODE_MAX_TOTAL_MEMORY_MIB",
+        default_value_t = 16384
+    )]
+    pub max_total_memory_mib: u64,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }

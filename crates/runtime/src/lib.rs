@@ -440,6 +440,13 @@ pub trait Runtime: Send + Sync {
         let _ = id;
         Ok(())
     }
+    /// Why no machine of the runtime has room for one more sandbox holding `resources` (every
+    /// node at its limits), as far as the runtime knows without asking; None when one may have
+    /// (always, for one machine: its limits are the server's).
+    fn room_for(&self, resources: &Resources) -> Option<String> {
+        let _ = resources;
+        None
+    }
     /// The machines of a runtime spread over several (empty for one machine).
     fn nodes(&self) -> Vec<NodeState> {
         Vec::new()

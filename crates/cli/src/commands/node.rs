@@ -71,6 +71,11 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
             }),
             _ => args.tls.then_some(warren_server::tls::TlsSource::LocalCa),
         },
+        limits: warren_server::node::ledger::NodeLimits {
+            max_sandboxes: args.max_sandboxes,
+            max_vcpus: args.max_total_vcpus,
+            max_memory_mib: args.max_total_memory_mib,
+        },
     })
     .await
     .map_err(NodeCommandError::Node)?;

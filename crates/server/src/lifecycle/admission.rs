@@ -49,6 +49,9 @@ pub enum AdmissionError {
          {max} this host can give sandboxes (kernel pid_max/threads-max less a reserve)"
     )]
     Tasks { used: u64, requested: u64, max: u64 },
+    /// Every node is at its own limits (cluster mode).
+    #[error("every node is full: {0}")]
+    NodesFull(String),
     #[error(
         "insufficient storage: the sandbox's {requested_mib} MiB writable layer does not fit in the \
          {available_mib} MiB the state disk has left for sandboxes (free space less a \

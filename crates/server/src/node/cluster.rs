@@ -1,5 +1,8 @@
 //! A [`Runtime`] over several nodes: a new sandbox (create, restore, boot) goes to the node with
-//! the fewest sandboxes that takes it; every other call goes to the node that holds the sandbox.
+//! the largest share of its limits free (`warren node --max-*`: sandboxes, vCPUs, memory, by the
+//! scarcest), then the fewest sandboxes, that takes it; every other call goes to the node that
+//! holds the sandbox. Each node's load comes with its heartbeat and is counted up by what this
+//! server places in between.
 //! Which node holds which sandbox is learnt from the nodes themselves (their `list`, at start and
 //! whenever a sandbox is not known), never guessed: a node is the truth about what runs on it.
 //!
@@ -16,11 +19,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use warren_runtime::{
-    Capabilities, CheckpointInfo, HostCapacity, NetworkSpec, ProcessInfo, Runtime, RuntimeError,
-    RuntimeErrorKind, Sandbox, SandboxSpec, Stats,
+    Capabilities, CheckpointInfo, HostCapacity, NetworkSpec, ProcessInfo, Resources, Runtime,
+    RuntimeError, RuntimeErrorKind, Sandbox, SandboxSpec, Stats,
 };
 
 use super::remote::{RemoteRuntime, Unreachable};
+use super::wire::NodeLoad;
 
 /// How often every node is asked whether it is there.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -83,6 +87,8 @@ pub struct ClusterRuntime {
     placed: Mutex<HashMap<String, usize>>,
     /// Sandbox ID → the node its next start must not go to (a migration's).
     avoid: Mutex<HashMap<String, usize>>,
+    /// Each node's load: its last hello's, plus what this server placed since.
+    loads: Arc<Vec<Mutex<NodeLoad>>>,
 }
 
 impl ClusterRuntime {
@@ -110,18 +116,31 @@ impl ClusterRuntime {
         }
         let nodes = Arc::new(nodes);
         let health: Arc<Vec<Health>> = Arc::new(nodes.iter().map(|_| Health::default()).collect());
+        let loads: Arc<Vec<Mutex<NodeLoad>>> =
+            Arc::new(nodes.iter().map(|n| Mutex::new(n.hello().load)).collect());
         // The heartbeat ends with the runtime: it holds the health only weakly.
-        let (beat_nodes, beat_health) = (Arc::downgrade(&nodes), Arc::downgrade(&health));
+        let (beat_nodes, beat_health, beat_loads) = (
+            Arc::downgrade(&nodes),
+            Arc::downgrade(&health),
+            Arc::downgrade(&loads),
+        );
         std::thread::Builder::new()
             .name("node-heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                let (Some(nodes), Some(health)) = (beat_nodes.upgrade(), beat_health.upgrade())
-                else {
+                let (Some(nodes), Some(health), Some(loads)) = (
+                    beat_nodes.upgrade(),
+                    beat_health.upgrade(),
+                    beat_loads.upgrade(),
+                ) else {
                     return;
                 };
-                for (node, health) in nodes.iter().zip(health.iter()) {
-                    health.heard(node.answers(HEARTBEAT_TIMEOUT), node.url());
+                for ((node, health), load) in nodes.iter().zip(health.iter()).zip(loads.iter()) {
+                    let answer = node.answers(HEARTBEAT_TIMEOUT);
+                    if let Some(now) = answer {
+                        *load.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                    }
+                    health.heard(answer.is_some(), node.url());
                 }
             })
             .map_err(|error| format!("start the node heartbeat: {error}"))?;
@@ -131,7 +150,28 @@ impl ClusterRuntime {
             health,
             placed: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
+            loads,
         })
+    }
+
+    fn load(&self, at: usize) -> NodeLoad {
+        *self.loads[at].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Asks node `at` for its load now (after a start it refused, or a destroy).
+    fn refresh_load(&self, at: usize) {
+        if let Some(now) = self.nodes[at].answers(HEARTBEAT_TIMEOUT) {
+            *self.loads[at].lock().unwrap_or_else(|p| p.into_inner()) = now;
+        }
+    }
+
+    /// The nodes a new sandbox may go to (up, not draining, not `avoided`).
+    fn candidates(&self, avoided: Option<usize>) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&at| {
+                !self.down(at) && !self.draining[at].load(Ordering::SeqCst) && Some(at) != avoided
+            })
+            .collect()
     }
 
     fn index_of(&self, node: &str) -> Result<usize, RuntimeError> {
@@ -188,12 +228,14 @@ impl ClusterRuntime {
         }
     }
 
-    /// Starts a sandbox on the node with the fewest sandboxes that takes it: a node that is full
-    /// (`ResourceExhausted`) or that the call never reached is passed over for the next. A node
-    /// the call may have reached without answering is not: the sandbox could be running there.
+    /// Starts a sandbox holding `resources` on the node with the largest free share that takes
+    /// it (then the fewest sandboxes): a node that is full (`ResourceExhausted`) or that the call
+    /// never reached is passed over for the next. A node the call may have reached without
+    /// answering is not: the sandbox could be running there.
     fn place(
         &self,
         id: &str,
+        resources: &Resources,
         start: impl Fn(&RemoteRuntime) -> Result<Sandbox, RuntimeError>,
     ) -> Result<Sandbox, RuntimeError> {
         let avoided = self
@@ -201,21 +243,31 @@ impl ClusterRuntime {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .remove(id);
-        let mut order: Vec<usize> = (0..self.nodes.len())
-            .filter(|&at| {
-                !self.down(at) && !self.draining[at].load(Ordering::SeqCst) && Some(at) != avoided
-            })
-            .collect();
+        let mut order = self.candidates(avoided);
         {
             let placed = self.placed();
-            let load = |at: usize| placed.values().filter(|&&node| node == at).count();
-            order.sort_by_key(|&at| (load(at), at));
+            let count = |at: usize| placed.values().filter(|&&node| node == at).count();
+            let loads: Vec<NodeLoad> = (0..self.nodes.len()).map(|at| self.load(at)).collect();
+            order.sort_by(|&a, &b| {
+                let full = |at: usize| {
+                    loads[at]
+                        .refusal(resources.vcpus, resources.memory_mib)
+                        .is_some()
+                };
+                full(a)
+                    .cmp(&full(b))
+                    .then(loads[b].free_share().total_cmp(&loads[a].free_share()))
+                    .then(count(a).cmp(&count(b)))
+                    .then(a.cmp(&b))
+            });
         }
         let mut last = None;
         for at in order {
             match start(&self.nodes[at]) {
                 Ok(sandbox) => {
                     self.placed().insert(id.to_string(), at);
+                    let mut load = self.loads[at].lock().unwrap_or_else(|p| p.into_inner());
+                    *load = load.plus(resources.vcpus, resources.memory_mib);
                     return Ok(sandbox);
                 }
                 Err(error)
@@ -223,6 +275,7 @@ impl ClusterRuntime {
                         || Unreachable::never_sent(&error) =>
                 {
                     tracing::warn!(node = self.nodes[at].url(), %error, "node passed over");
+                    self.refresh_load(at);
                     last = Some(error);
                 }
                 Err(error) => return Err(error),
@@ -253,8 +306,13 @@ impl ClusterRuntime {
         Ok(all)
     }
 
-    fn forget(&self, id: &str) {
-        self.placed().remove(id);
+    /// Sandbox `id` no longer runs (destroyed, or checkpointed and ended): what it held on its
+    /// node is free again, and the next placement should know at once.
+    fn ended(&self, id: &str) {
+        let at = self.placed().remove(id);
+        if let Some(at) = at {
+            self.refresh_load(at);
+        }
     }
 }
 
@@ -281,15 +339,31 @@ impl Runtime for ClusterRuntime {
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, |node| node.create(spec))
+        self.place(&spec.id, &spec.resources, |node| node.create(spec))
     }
 
     fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
         let result = self.node_of(id)?.destroy(id);
         if result.is_ok() {
-            self.forget(id);
+            self.ended(id);
         }
         result
+    }
+
+    fn room_for(&self, resources: &Resources) -> Option<String> {
+        let candidates = self.candidates(None);
+        let mut full = Vec::new();
+        for at in candidates {
+            match self.load(at).refusal(resources.vcpus, resources.memory_mib) {
+                None => return None,
+                Some(why) => full.push(format!("{}: {why}", self.nodes[at].id())),
+            }
+        }
+        Some(if full.is_empty() {
+            "no node is up and taking sandboxes".to_string()
+        } else {
+            full.join("; ")
+        })
     }
 
     fn freeze(&self, id: &str) -> Result<(), RuntimeError> {
@@ -351,7 +425,7 @@ impl Runtime for ClusterRuntime {
     ) -> Result<CheckpointInfo, RuntimeError> {
         let info = self.node_of(id)?.checkpoint(id, dest, leave_running)?;
         if !leave_running {
-            self.forget(id);
+            self.ended(id);
         }
         Ok(info)
     }
@@ -364,7 +438,7 @@ impl Runtime for ClusterRuntime {
     ) -> Result<CheckpointInfo, RuntimeError> {
         let info = self.node_of(id)?.checkpoint_disk(id, dest, leave_running)?;
         if !leave_running {
-            self.forget(id);
+            self.ended(id);
         }
         Ok(info)
     }
@@ -374,7 +448,9 @@ impl Runtime for ClusterRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, |node| node.boot_from_disk(checkpoint, spec))
+        self.place(&spec.id, &spec.resources, |node| {
+            node.boot_from_disk(checkpoint, spec)
+        })
     }
 
     fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
@@ -418,7 +494,9 @@ impl Runtime for ClusterRuntime {
     }
 
     fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, |node| node.restore(checkpoint, spec))
+        self.place(&spec.id, &spec.resources, |node| {
+            node.restore(checkpoint, spec)
+        })
     }
 
     fn forget_checkpoint(&self, checkpoint: &Path) {

@@ -10,6 +10,7 @@
 //! refuses a call naming a path outside the directories it was told it shares.
 
 pub mod cluster;
+pub mod ledger;
 pub mod remote;
 pub mod wire;
 
@@ -52,6 +53,8 @@ pub struct NodeConfig {
     /// Serve the API over HTTPS: the operator's certificate, or one signed by a local CA made in
     /// the node's state directory (`tls/ca.crt`, for the server's `--node-ca-file`).
     pub tls: Option<crate::tls::TlsSource>,
+    /// What all the node's sandboxes together may hold.
+    pub limits: ledger::NodeLimits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -80,6 +83,7 @@ struct Node {
     token: String,
     shared_dirs: Vec<PathBuf>,
     hello: Hello,
+    ledger: ledger::Ledger,
 }
 
 /// The node API over `runtime`, whose sandboxes live in `gateway/prefix`.
@@ -88,6 +92,7 @@ pub fn router(
     token: String,
     shared_dirs: Vec<PathBuf>,
     (gateway, prefix): (std::net::Ipv4Addr, u8),
+    ledger: ledger::Ledger,
 ) -> Router {
     let hello = Hello {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -96,6 +101,7 @@ pub fn router(
         shared_dirs: shared_dirs.clone(),
         sandbox_gateway: gateway,
         sandbox_prefix: prefix,
+        load: ledger.load(),
     };
     Router::new()
         .route(wire::HELLO_PATH, get(hello_handler))
@@ -105,6 +111,7 @@ pub fn router(
             token,
             shared_dirs,
             hello,
+            ledger,
         }))
 }
 
@@ -141,11 +148,13 @@ pub async fn serve(config: NodeConfig) -> Result<(), NodeError> {
     // The address line is what scripts wait for.
     println!("warren node listening on {scheme}://{addr}");
     let network = (config.runtime.gateway, config.runtime.subnet_prefix);
+    let ledger = ledger::Ledger::open(&config.runtime.state_dir, config.limits, addr.to_string());
     let service = hyper_util::service::TowerToHyperService::new(router(
         runtime,
         config.token,
         shared_dirs,
         network,
+        ledger,
     ));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let serving = tokio::spawn(crate::listener::serve(
@@ -266,7 +275,11 @@ async fn hello_handler(State(node): State<Arc<Node>>, headers: HeaderMap) -> Res
             "a valid node token is required".into(),
         );
     }
-    Json(node.hello.clone()).into_response()
+    Json(Hello {
+        load: node.ledger.load(),
+        ..node.hello.clone()
+    })
+    .into_response()
 }
 
 async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: String) -> Response {
@@ -301,6 +314,32 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
         ));
         return Json(Answer::Error(WireError::from(&error))).into_response();
     }
+    // A start holds its resources in the node's ledger first: past a limit, it is refused here.
+    let starting = match &call {
+        Call::Create { spec } | Call::Restore { spec, .. } | Call::BootFromDisk { spec, .. } => {
+            if let Err(error) = node.ledger.reserve(&spec.id, &spec.resources) {
+                return Json(Answer::Error(WireError::from(&error))).into_response();
+            }
+            Some(spec.id.clone())
+        }
+        _ => None,
+    };
+    // Destroyed, or checkpointed and ended (a pause, a migration's first half): it holds nothing.
+    let destroyed = match &call {
+        Call::Destroy { id }
+        | Call::Checkpoint {
+            id,
+            leave_running: false,
+            ..
+        }
+        | Call::CheckpointDisk {
+            id,
+            leave_running: false,
+            ..
+        } => Some(id.clone()),
+        _ => None,
+    };
+    let listing = matches!(call, Call::List | Call::Recover);
     let runtime = Arc::clone(&node.runtime);
     let answer = tokio::task::spawn_blocking(move || call.run(runtime.as_ref()))
         .await
@@ -309,6 +348,16 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
                 "runtime call panicked: {join}"
             )))
         });
+    match (&answer, starting, destroyed) {
+        (Err(_), Some(id), _) | (Ok(_), _, Some(id)) => node.ledger.release(&id),
+        _ => {}
+    }
+    if let (Ok(value), true) = (&answer, listing) {
+        if let Ok(sandboxes) = serde_json::from_value::<Vec<warren_runtime::Sandbox>>(value.clone())
+        {
+            node.ledger.retain(sandboxes.iter().map(|s| s.id.as_str()));
+        }
+    }
     match answer {
         Ok(value) => Json(Answer::Ok(value)).into_response(),
         Err(error) => {

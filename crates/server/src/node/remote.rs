@@ -218,14 +218,24 @@ impl RemoteRuntime {
             .map_or(self.url.as_str(), |(_, rest)| rest)
     }
 
-    /// Whether the node answers its hello within `timeout` (a heartbeat).
-    pub fn answers(&self, timeout: Duration) -> bool {
-        self.agent
+    /// The node's load if it answers its hello within `timeout` (a heartbeat), None when it does
+    /// not.
+    pub fn answers(&self, timeout: Duration) -> Option<wire::NodeLoad> {
+        let response = self
+            .agent
             .get(&format!("{}{}", self.url, wire::HELLO_PATH))
             .set("Authorization", &self.authorization)
             .timeout(timeout)
             .call()
-            .is_ok()
+            .ok()?;
+        // It answered; a hello that does not parse still means it is there.
+        let load = response
+            .into_string()
+            .ok()
+            .and_then(|text| serde_json::from_str::<Hello>(&text).ok())
+            .map(|hello| hello.load)
+            .unwrap_or(self.hello.load);
+        Some(load)
     }
 
     fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {

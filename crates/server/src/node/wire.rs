@@ -189,6 +189,70 @@ pub struct Hello {
     /// server routes its connections to the node's sandboxes.
     pub sandbox_gateway: std::net::Ipv4Addr,
     pub sandbox_prefix: u8,
+    /// What the node's sandboxes hold and its limits, as of this hello.
+    #[serde(default)]
+    pub load: NodeLoad,
+}
+
+/// What a node's sandboxes hold together, and the node's limits (`warren node --max-*`).
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct NodeLoad {
+    pub sandboxes: u32,
+    pub vcpus: f64,
+    pub memory_mib: u64,
+    pub max_sandboxes: u32,
+    pub max_vcpus: f64,
+    pub max_memory_mib: u64,
+}
+
+impl NodeLoad {
+    /// Why one more sandbox holding `vcpus` and `memory_mib` would go past a limit; None when it
+    /// fits.
+    pub fn refusal(&self, vcpus: f64, memory_mib: u64) -> Option<String> {
+        if self.sandboxes >= self.max_sandboxes {
+            return Some(format!(
+                "{} of {} sandboxes (--max-sandboxes)",
+                self.sandboxes, self.max_sandboxes
+            ));
+        }
+        if self.vcpus + vcpus > self.max_vcpus + f64::EPSILON {
+            return Some(format!(
+                "{} vCPUs held + {vcpus} requested > {} (--max-total-vcpus)",
+                self.vcpus, self.max_vcpus
+            ));
+        }
+        if self.memory_mib + memory_mib > self.max_memory_mib {
+            return Some(format!(
+                "memory {} MiB held + {memory_mib} MiB requested > {} MiB (--max-total-memory-mib)",
+                self.memory_mib, self.max_memory_mib
+            ));
+        }
+        None
+    }
+
+    /// The share of the node still free, by its scarcest limit (0 full, 1 empty).
+    pub fn free_share(&self) -> f64 {
+        let free = |held: f64, max: f64| {
+            if max <= 0.0 {
+                0.0
+            } else {
+                ((max - held) / max).clamp(0.0, 1.0)
+            }
+        };
+        free(self.sandboxes as f64, self.max_sandboxes as f64)
+            .min(free(self.vcpus, self.max_vcpus))
+            .min(free(self.memory_mib as f64, self.max_memory_mib as f64))
+    }
+
+    /// This load with one more sandbox holding `vcpus` and `memory_mib`.
+    pub fn plus(&self, vcpus: f64, memory_mib: u64) -> NodeLoad {
+        NodeLoad {
+            sandboxes: self.sandboxes + 1,
+            vcpus: self.vcpus + vcpus,
+            memory_mib: self.memory_mib + memory_mib,
+            ..*self
+        }
+    }
 }
 
 /// A [`RuntimeError`] on the wire: its variant and message, and whether a full disk caused it (so
@@ -289,6 +353,37 @@ impl From<WireError> for RuntimeError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_load_refuses_past_its_scarcest_limit_and_counts_up() {
+        let load = NodeLoad {
+            sandboxes: 2,
+            vcpus: 3.0,
+            memory_mib: 1024,
+            max_sandboxes: 8,
+            max_vcpus: 4.0,
+            max_memory_mib: 4096,
+        };
+        assert_eq!(load.refusal(1.0, 512), None);
+        assert!(load
+            .refusal(1.5, 512)
+            .unwrap()
+            .contains("--max-total-vcpus"));
+        assert!(load
+            .refusal(0.5, 3073)
+            .unwrap()
+            .contains("--max-total-memory-mib"));
+        // vCPUs are the scarcest: a quarter free.
+        assert!((load.free_share() - 0.25).abs() < 1e-9);
+        let more = load.plus(1.0, 512);
+        assert_eq!((more.sandboxes, more.memory_mib), (3, 1536));
+        assert_eq!(more.free_share(), 0.0);
+        let full = NodeLoad {
+            sandboxes: 8,
+            ..load
+        };
+        assert!(full.refusal(0.0, 0).unwrap().contains("--max-sandboxes"));
+    }
 
     fn round_trip(error: RuntimeError) -> RuntimeError {
         let wire = WireError::from(&error);

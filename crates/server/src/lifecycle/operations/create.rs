@@ -10,7 +10,7 @@ use warren_runtime::Sandbox;
 
 use super::{new_access_token, new_sandbox_id, Lifecycle, LifecycleError, CLIENT_ID, DEFAULT_USER};
 use crate::config::ServerConfig;
-use crate::lifecycle::admission::{self, Request, Usage};
+use crate::lifecycle::admission::{self, AdmissionError, Request, Usage};
 use crate::lifecycle::agent_init::init_agent;
 use crate::lifecycle::now_millis;
 use crate::lifecycle::state::SandboxState;
@@ -478,6 +478,17 @@ impl Lifecycle {
                     Some(&record.team_id),
                 );
                 admission::admit_team(team, own, request).err()
+            })
+            .or_else(|| {
+                let resources = warren_runtime::Resources {
+                    vcpus: record.vcpus,
+                    memory_mib: record.memory_mib,
+                    disk_mib: record.disk_mib,
+                    max_pids,
+                };
+                self.runtime
+                    .room_for(&resources)
+                    .map(AdmissionError::NodesFull)
             });
         if let Some(refused) = refused {
             self.metrics.admission_refused();

@@ -1,0 +1,196 @@
+//! What a node's sandboxes hold against the node's own limits (`warren node --max-sandboxes`,
+//! `--max-total-vcpus`, `--max-total-memory-mib`). Every server placing sandboxes on the node goes
+//! through it, so the node is the one place that can count them all: a start that would go past a
+//! limit is refused as `ResourceExhausted` naming the node and the limit (the server then tries
+//! another node), and every hello reports the totals, which the servers place new sandboxes by.
+//!
+//! The ledger is kept in `<state>/node-resources.json` (the node's own file, written atomically), so
+//! a restarted node still knows what its running sandboxes hold; each `list` drops what no longer
+//! runs.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use warren_runtime::{Resources, RuntimeError};
+
+use super::wire::NodeLoad;
+
+/// The node's limits.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NodeLimits {
+    pub max_sandboxes: u32,
+    pub max_vcpus: f64,
+    pub max_memory_mib: u64,
+}
+
+/// What one sandbox holds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+struct Held {
+    vcpus: f64,
+    memory_mib: u64,
+}
+
+pub struct Ledger {
+    path: PathBuf,
+    limits: NodeLimits,
+    /// The node's name in refusals (`HOST:PORT`).
+    name: String,
+    held: Mutex<HashMap<String, Held>>,
+}
+
+const FILE: &str = "node-resources.json";
+
+impl Ledger {
+    /// The ledger of the node whose state directory is `state_dir`; what an earlier run recorded is
+    /// read back (an unreadable file is started afresh, with a warning: the next `list` and the
+    /// sandboxes' next starts fill it again).
+    pub fn open(state_dir: &Path, limits: NodeLimits, name: String) -> Ledger {
+        let path = state_dir.join(FILE);
+        let held = match std::fs::read(&path) {
+            Ok(bytes) => serde_json::from_slice(&bytes).unwrap_or_else(|error| {
+                tracing::warn!(path = %path.display(), %error, "node resource ledger unreadable; starting afresh");
+                HashMap::new()
+            }),
+            Err(_) => HashMap::new(),
+        };
+        Ledger {
+            path,
+            limits,
+            name,
+            held: Mutex::new(held),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The totals and the limits, for the hello.
+    pub fn load(&self) -> NodeLoad {
+        load_of(&self.held(), self.limits)
+    }
+
+    /// Holds `resources` for sandbox `id` if the limits allow it (a sandbox already held, being
+    /// restored again, counts once).
+    pub fn reserve(&self, id: &str, resources: &Resources) -> Result<(), RuntimeError> {
+        let mut held = self.held();
+        let mut without = held.clone();
+        without.remove(id);
+        let load = load_of(&without, self.limits);
+        if let Some(why) = load.refusal(resources.vcpus, resources.memory_mib) {
+            return Err(RuntimeError::ResourceExhausted {
+                context: format!("node {} is full: {why}", self.name),
+                source: None,
+            });
+        }
+        held.insert(
+            id.to_string(),
+            Held {
+                vcpus: resources.vcpus,
+                memory_mib: resources.memory_mib,
+            },
+        );
+        self.save(&held);
+        Ok(())
+    }
+
+    /// Sandbox `id` holds nothing any more (destroyed, or its start failed).
+    pub fn release(&self, id: &str) {
+        let mut held = self.held();
+        if held.remove(id).is_some() {
+            self.save(&held);
+        }
+    }
+
+    /// Only the sandboxes in `running` hold anything (what the runtime listed).
+    pub fn retain<'a>(&self, running: impl IntoIterator<Item = &'a str>) {
+        let running: std::collections::HashSet<&str> = running.into_iter().collect();
+        let mut held = self.held();
+        let before = held.len();
+        held.retain(|id, _| running.contains(id.as_str()));
+        if held.len() != before {
+            self.save(&held);
+        }
+    }
+
+    fn save(&self, held: &HashMap<String, Held>) {
+        let write = || -> std::io::Result<()> {
+            let temp = self.path.with_extension("json.tmp");
+            std::fs::write(
+                &temp,
+                serde_json::to_vec(held).map_err(std::io::Error::other)?,
+            )?;
+            std::fs::rename(&temp, &self.path)
+        };
+        if let Err(error) = write() {
+            tracing::warn!(path = %self.path.display(), %error, "cannot save the node's resource ledger");
+        }
+    }
+}
+
+fn load_of(held: &HashMap<String, Held>, limits: NodeLimits) -> NodeLoad {
+    NodeLoad {
+        sandboxes: held.len() as u32,
+        vcpus: held.values().map(|h| h.vcpus).sum(),
+        memory_mib: held.values().map(|h| h.memory_mib).sum(),
+        max_sandboxes: limits.max_sandboxes,
+        max_vcpus: limits.max_vcpus,
+        max_memory_mib: limits.max_memory_mib,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resources(vcpus: f64, memory_mib: u64) -> Resources {
+        Resources {
+            vcpus,
+            memory_mib,
+            disk_mib: 64,
+            max_pids: 64,
+        }
+    }
+
+    #[test]
+    fn a_start_past_a_limit_is_refused_naming_it_and_releases_make_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = NodeLimits {
+            max_sandboxes: 3,
+            max_vcpus: 4.0,
+            max_memory_mib: 1024,
+        };
+        let ledger = Ledger::open(dir.path(), limits, "n1:3100".into());
+        ledger.reserve("a", &resources(1.0, 512)).unwrap();
+        ledger.reserve("b", &resources(1.0, 512)).unwrap();
+        let refused = ledger.reserve("c", &resources(1.0, 1)).unwrap_err();
+        assert!(
+            refused.to_string().contains("node n1:3100 is full")
+                && refused.to_string().contains("memory"),
+            "{refused}"
+        );
+        // The same sandbox again (a restore of it) counts once.
+        ledger.reserve("b", &resources(1.0, 512)).unwrap();
+        ledger.release("b");
+        ledger.reserve("c", &resources(2.0, 256)).unwrap();
+        let refused = ledger.reserve("d", &resources(1.5, 1)).unwrap_err();
+        assert!(refused.to_string().contains("vCPU"), "{refused}");
+        ledger.reserve("d", &resources(1.0, 1)).unwrap();
+        let refused = ledger.reserve("e", &resources(0.0, 0)).unwrap_err();
+        assert!(refused.to_string().contains("sandboxes"), "{refused}");
+        assert_eq!(
+            (ledger.load().sandboxes, ledger.load().memory_mib),
+            (3, 769)
+        );
+
+        // A restarted node reads it back; a list drops what no longer runs.
+        let again = Ledger::open(dir.path(), limits, "n1:3100".into());
+        assert_eq!(again.load(), ledger.load());
+        again.retain(["a"]);
+        assert_eq!((again.load().sandboxes, again.load().vcpus), (1, 1.0));
+        let third = Ledger::open(dir.path(), limits, "n1:3100".into());
+        assert_eq!(third.load().sandboxes, 1);
+    }
+}
