@@ -464,6 +464,57 @@ def test_sandboxes_fill_the_nodes_by_their_limits_and_429_comes_only_when_all_ar
     assert body["sandboxID"] in on(node_b)
 
 
+def _frozen(sandbox_id: str) -> bool:
+    """Whether the sandbox's cgroup is frozen (v1 freezer or v2 cgroup.freeze)."""
+    v1 = Path("/sys/fs/cgroup/freezer/warren") / sandbox_id / "freezer.state"
+    if v1.exists():
+        return v1.read_text().strip() == "FROZEN"
+    v2 = Path("/sys/fs/cgroup/warren") / sandbox_id / "cgroup.freeze"
+    return v2.read_text().strip() == "1"
+
+
+@pytest.mark.parametrize("remote_nodes", [[["--fence-after", "2"], ["--fence-after", "2"]]], indirect=True)
+def test_a_node_cut_off_freezes_its_sandboxes_before_it_is_declared_down(remote_nodes):
+    (node_a, node_b), warren = remote_nodes
+    warren.start()
+    Sandbox = harness.sdk()
+    boxes = [Sandbox.create(timeout=600) for _ in range(2)]
+    cut = next(box for box in boxes if box.sandbox_id in on(node_b))
+    kept = next(box for box in boxes if box is not cut)
+
+    # Cut off for a few seconds (under the server's 7 s): the node freezes its sandbox on its own,
+    # and once the server reaches it again, the server thaws it, as its row still says running.
+    _sh("ip", "link", "set", "wt-lan-1", "down")
+    try:
+        harness.wait_until("the cut-off node freezes its sandbox", lambda: _frozen(cut.sandbox_id), limit=30)
+        assert not _frozen(kept.sandbox_id), "the other node was not cut off"
+    finally:
+        _sh("ip", "link", "set", "wt-lan-1", "up")
+    harness.wait_until("the server thaws it", lambda: not _frozen(cut.sandbox_id), limit=30)
+    assert next(r for r in warren.rows() if r["id"] == cut.sandbox_id)["state"] == "running"
+    assert cut.commands.run("echo thawed").stdout.strip() == "thawed"
+
+    # Cut off for good: frozen before the server declares the node down and records the sandbox
+    # lost, frozen while it stays cut off, and destroyed once the node is back.
+    _sh("ip", "link", "set", "wt-lan-1", "down")
+    try:
+        frozen_first = []
+
+        def lost():
+            frozen_first.append(_frozen(cut.sandbox_id))
+            row = next(r for r in warren.rows() if r["id"] == cut.sandbox_id)
+            return row if row["state"] == "failed" else None
+
+        row = harness.wait_until("the node is declared down", lost, limit=60)
+        assert "lost" in row["state_reason"], row
+        assert _frozen(cut.sandbox_id), "a sandbox recorded lost must not run on"
+        assert True in frozen_first[:-1], "frozen before it was declared lost"
+    finally:
+        _sh("ip", "link", "set", "wt-lan-1", "up")
+    harness.wait_until("the returning node's lost sandbox is destroyed", lambda: cut.sandbox_id not in on(node_b), limit=60)
+    assert kept.commands.run("echo fine").stdout.strip() == "fine"
+
+
 def _warren_cli(warren, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "E2B_API_URL": warren.api_url, "E2B_API_KEY": warren.api_key}
     return subprocess.run([str(harness.warren_binary()), *args], capture_output=True, text=True, env=env, timeout=300)

@@ -444,6 +444,16 @@ pub struct NodeArgs {
         default_value_t = 16384
     )]
     pub max_total_memory_mib: u64,
+    /// Freeze every sandbox when no server has reached the node for this many seconds (under the
+    /// servers' 7 s to declare it down, so a cut-off node never runs a sandbox another node has
+    /// taken over); a server that reaches it again thaws the ones it still owns. 0: never.
+    #[arg(
+        long,
+        env = "WARREN_NODE_FENCE_AFTER",
+        default_value_t = 5,
+        value_name = "SECS"
+    )]
+    pub fence_after: u64,
     #[command(flatten)]
     pub runtime: RuntimeArgs,
 }

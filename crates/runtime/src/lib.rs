@@ -447,6 +447,11 @@ pub trait Runtime: Send + Sync {
         let _ = resources;
         None
     }
+    /// Sandboxes a machine froze on its own because no server reached it for a while (a cluster
+    /// node's fence); the server thaws the ones it still owns. Empty for one machine.
+    fn fenced(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// The machines of a runtime spread over several (empty for one machine).
     fn nodes(&self) -> Vec<NodeState> {
         Vec::new()

@@ -76,6 +76,8 @@ pub async fn run(args: NodeArgs) -> Result<i32, CommandError> {
             max_vcpus: args.max_total_vcpus,
             max_memory_mib: args.max_total_memory_mib,
         },
+        fence_after: (args.fence_after > 0)
+            .then(|| std::time::Duration::from_secs(args.fence_after)),
     })
     .await
     .map_err(NodeCommandError::Node)?;

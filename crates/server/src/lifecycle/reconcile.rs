@@ -588,6 +588,34 @@ async fn held_by_other_servers(lifecycle: &Lifecycle) -> Result<HashSet<String>,
         .collect())
 }
 
+/// Thaws each sandbox a node's fence froze (`node/fence.rs`) whose row still says running: its node
+/// was cut off for a while but not declared down. The others stay frozen: their rows are lost, and
+/// the sweep destroys them as sandboxes no row names.
+async fn thaw_fenced(
+    lifecycle: &Lifecycle,
+    report: &mut SweepReport,
+) -> Result<(), LifecycleError> {
+    for id in lifecycle.runtime_handle().fenced() {
+        let lock = lifecycle.lock_for(&id);
+        let Ok(_held) = lock.try_lock() else {
+            continue;
+        };
+        let running = lifecycle
+            .store()
+            .get_sandbox(&id)
+            .await?
+            .is_some_and(|row| row.state == SandboxState::Running);
+        if !running {
+            continue;
+        }
+        if thaw(lifecycle, &id).await {
+            tracing::warn!(sandbox = %id, "thawed a sandbox its node froze while no server reached it");
+            report.thawed.push(id);
+        }
+    }
+    Ok(())
+}
+
 /// What one periodic pass fixed.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SweepReport {
@@ -595,6 +623,8 @@ pub struct SweepReport {
     pub untracked_destroyed: Vec<String>,
     /// Rows of running or frozen sandboxes whose processes were gone: marked failed.
     pub lost: Vec<String>,
+    /// Running sandboxes a node froze while no server reached it, thawed.
+    pub thawed: Vec<String>,
 }
 
 /// One periodic pass (see the module doc). `suspects` carries the untracked IDs of the previous pass.
@@ -678,6 +708,7 @@ pub async fn sweep(
     *suspects = still_suspect;
 
     renew_deadlines(lifecycle, &tracked, &live, building.as_ref(), &pooled).await;
+    thaw_fenced(lifecycle, &mut report).await?;
 
     for record in tracked {
         let holds_processes = match record.state {
@@ -750,7 +781,7 @@ pub async fn sweep(
         report.lost.push(record.id.clone());
     }
     if report != SweepReport::default() {
-        tracing::info!(untracked_destroyed = ?report.untracked_destroyed, lost = ?report.lost, "periodic reconciliation");
+        tracing::info!(untracked_destroyed = ?report.untracked_destroyed, lost = ?report.lost, thawed = ?report.thawed, "periodic reconciliation");
     }
     Ok(report)
 }

@@ -43,17 +43,18 @@ struct Health {
 }
 
 impl Health {
-    fn heard(&self, answered: bool, url: &str) {
+    /// Records a heartbeat's outcome; true when the node answers after having been silent.
+    fn heard(&self, answered: bool, url: &str) -> bool {
         let mut silent = self
             .silent_since
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         if answered {
-            *silent = None;
+            let was_silent = silent.take().is_some();
             if self.down.swap(false, Ordering::SeqCst) {
                 tracing::warn!(node = url, "node answers again: up");
             }
-            return;
+            return was_silent;
         }
         let (since, _) = *silent.get_or_insert((Instant::now(), SystemTime::now()));
         if since.elapsed() >= DOWN_AFTER && !self.down.swap(true, Ordering::SeqCst) {
@@ -63,6 +64,7 @@ impl Health {
                 "node down: its sandboxes are lost"
             );
         }
+        false
     }
 
     fn is_down(&self) -> bool {
@@ -87,9 +89,13 @@ pub struct ClusterRuntime {
     placed: Mutex<HashMap<String, usize>>,
     /// Sandbox ID → the node its next start must not go to (a migration's).
     avoid: Mutex<HashMap<String, usize>>,
-    /// Each node's load: its last hello's, plus what this server placed since.
-    loads: Arc<Vec<Mutex<NodeLoad>>>,
+    /// Each node's load (its last hello's, plus what this server placed since) and the
+    /// sandboxes its fence froze (its last hello's).
+    seen: Arc<Vec<Mutex<Seen>>>,
 }
+
+/// What a node's last hello said: its load and the sandboxes its fence froze.
+type Seen = (NodeLoad, Vec<String>);
 
 impl ClusterRuntime {
     /// Over `nodes`, which must not be empty and whose sandbox subnets must differ (the server
@@ -116,31 +122,41 @@ impl ClusterRuntime {
         }
         let nodes = Arc::new(nodes);
         let health: Arc<Vec<Health>> = Arc::new(nodes.iter().map(|_| Health::default()).collect());
-        let loads: Arc<Vec<Mutex<NodeLoad>>> =
-            Arc::new(nodes.iter().map(|n| Mutex::new(n.hello().load)).collect());
+        let seen: Arc<Vec<Mutex<Seen>>> = Arc::new(
+            nodes
+                .iter()
+                .map(|n| Mutex::new((n.hello().load, n.hello().fenced.clone())))
+                .collect(),
+        );
         // The heartbeat ends with the runtime: it holds the health only weakly.
-        let (beat_nodes, beat_health, beat_loads) = (
+        let (beat_nodes, beat_health, beat_seen) = (
             Arc::downgrade(&nodes),
             Arc::downgrade(&health),
-            Arc::downgrade(&loads),
+            Arc::downgrade(&seen),
         );
         std::thread::Builder::new()
             .name("node-heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(HEARTBEAT);
-                let (Some(nodes), Some(health), Some(loads)) = (
+                let (Some(nodes), Some(health), Some(seen)) = (
                     beat_nodes.upgrade(),
                     beat_health.upgrade(),
-                    beat_loads.upgrade(),
+                    beat_seen.upgrade(),
                 ) else {
                     return;
                 };
-                for ((node, health), load) in nodes.iter().zip(health.iter()).zip(loads.iter()) {
+                for ((node, health), seen) in nodes.iter().zip(health.iter()).zip(seen.iter()) {
                     let answer = node.answers(HEARTBEAT_TIMEOUT);
-                    if let Some(now) = answer {
-                        *load.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                    if health.heard(answer.is_some(), node.url()) {
+                        // Its link may have gone down meanwhile, and the kernel drops the routes
+                        // through a link that goes down: route to its sandboxes again.
+                        if let Err(error) = node.route_to_sandboxes() {
+                            tracing::error!(node = node.url(), %error, "cannot route to a returning node's sandboxes");
+                        }
                     }
-                    health.heard(answer.is_some(), node.url());
+                    if let Some(now) = answer {
+                        *seen.lock().unwrap_or_else(|p| p.into_inner()) = now;
+                    }
                 }
             })
             .map_err(|error| format!("start the node heartbeat: {error}"))?;
@@ -150,18 +166,22 @@ impl ClusterRuntime {
             health,
             placed: Mutex::new(HashMap::new()),
             avoid: Mutex::new(HashMap::new()),
-            loads,
+            seen,
         })
     }
 
+    fn seen(&self, at: usize) -> std::sync::MutexGuard<'_, Seen> {
+        self.seen[at].lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn load(&self, at: usize) -> NodeLoad {
-        *self.loads[at].lock().unwrap_or_else(|p| p.into_inner())
+        self.seen(at).0
     }
 
     /// Asks node `at` for its load now (after a start it refused, or a destroy).
     fn refresh_load(&self, at: usize) {
         if let Some(now) = self.nodes[at].answers(HEARTBEAT_TIMEOUT) {
-            *self.loads[at].lock().unwrap_or_else(|p| p.into_inner()) = now;
+            *self.seen(at) = now;
         }
     }
 
@@ -266,8 +286,8 @@ impl ClusterRuntime {
             match start(&self.nodes[at]) {
                 Ok(sandbox) => {
                     self.placed().insert(id.to_string(), at);
-                    let mut load = self.loads[at].lock().unwrap_or_else(|p| p.into_inner());
-                    *load = load.plus(resources.vcpus, resources.memory_mib);
+                    let mut seen = self.seen(at);
+                    seen.0 = seen.0.plus(resources.vcpus, resources.memory_mib);
                     return Ok(sandbox);
                 }
                 Err(error)
@@ -348,6 +368,13 @@ impl Runtime for ClusterRuntime {
             self.ended(id);
         }
         result
+    }
+
+    fn fenced(&self) -> Vec<String> {
+        (0..self.nodes.len())
+            .filter(|&at| !self.down(at))
+            .flat_map(|at| self.seen(at).1.clone())
+            .collect()
     }
 
     fn room_for(&self, resources: &Resources) -> Option<String> {

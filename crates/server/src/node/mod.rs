@@ -10,6 +10,7 @@
 //! refuses a call naming a path outside the directories it was told it shares.
 
 pub mod cluster;
+pub mod fence;
 pub mod ledger;
 pub mod remote;
 pub mod wire;
@@ -55,6 +56,8 @@ pub struct NodeConfig {
     pub tls: Option<crate::tls::TlsSource>,
     /// What all the node's sandboxes together may hold.
     pub limits: ledger::NodeLimits,
+    /// Freeze the sandboxes after this long without a server's request (`fence.rs`); None never.
+    pub fence_after: Option<std::time::Duration>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +87,7 @@ struct Node {
     shared_dirs: Vec<PathBuf>,
     hello: Hello,
     ledger: ledger::Ledger,
+    fence: Arc<fence::Fence>,
 }
 
 /// The node API over `runtime`, whose sandboxes live in `gateway/prefix`.
@@ -93,6 +97,7 @@ pub fn router(
     shared_dirs: Vec<PathBuf>,
     (gateway, prefix): (std::net::Ipv4Addr, u8),
     ledger: ledger::Ledger,
+    fence: Arc<fence::Fence>,
 ) -> Router {
     let hello = Hello {
         version: env!("CARGO_PKG_VERSION").to_string(),
@@ -102,6 +107,7 @@ pub fn router(
         sandbox_gateway: gateway,
         sandbox_prefix: prefix,
         load: ledger.load(),
+        fenced: Vec::new(),
     };
     Router::new()
         .route(wire::HELLO_PATH, get(hello_handler))
@@ -112,6 +118,7 @@ pub fn router(
             shared_dirs,
             hello,
             ledger,
+            fence,
         }))
 }
 
@@ -149,12 +156,17 @@ pub async fn serve(config: NodeConfig) -> Result<(), NodeError> {
     println!("warren node listening on {scheme}://{addr}");
     let network = (config.runtime.gateway, config.runtime.subnet_prefix);
     let ledger = ledger::Ledger::open(&config.runtime.state_dir, config.limits, addr.to_string());
+    let fence = Arc::new(fence::Fence::default());
+    if let Some(after) = config.fence_after {
+        fence::watch(Arc::clone(&fence), Arc::clone(&runtime), after);
+    }
     let service = hyper_util::service::TowerToHyperService::new(router(
         runtime,
         config.token,
         shared_dirs,
         network,
         ledger,
+        fence,
     ));
     let (stop, stopped) = tokio::sync::watch::channel(false);
     let serving = tokio::spawn(crate::listener::serve(
@@ -275,8 +287,10 @@ async fn hello_handler(State(node): State<Arc<Node>>, headers: HeaderMap) -> Res
             "a valid node token is required".into(),
         );
     }
+    node.fence.heard();
     Json(Hello {
         load: node.ledger.load(),
+        fenced: node.fence.held(),
         ..node.hello.clone()
     })
     .into_response()
@@ -289,6 +303,7 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
             "a valid node token is required".into(),
         );
     }
+    node.fence.heard();
     let call: Call = match serde_json::from_str(&body) {
         Ok(call) => call,
         Err(error) => {
@@ -340,6 +355,10 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
         _ => None,
     };
     let listing = matches!(call, Call::List | Call::Recover);
+    let thawed = match &call {
+        Call::Thaw { id } => Some(id.clone()),
+        _ => None,
+    };
     let runtime = Arc::clone(&node.runtime);
     let answer = tokio::task::spawn_blocking(move || call.run(runtime.as_ref()))
         .await
@@ -348,9 +367,16 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
                 "runtime call panicked: {join}"
             )))
         });
-    match (&answer, starting, destroyed) {
-        (Err(_), Some(id), _) | (Ok(_), _, Some(id)) => node.ledger.release(&id),
+    match (&answer, starting, &destroyed) {
+        (Err(_), Some(id), _) => node.ledger.release(&id),
+        (Ok(_), _, Some(id)) => {
+            node.ledger.release(id);
+            node.fence.release(id);
+        }
         _ => {}
+    }
+    if let (Ok(_), Some(id)) = (&answer, thawed) {
+        node.fence.release(&id);
     }
     if let (Ok(value), true) = (&answer, listing) {
         if let Ok(sandboxes) = serde_json::from_value::<Vec<warren_runtime::Sandbox>>(value.clone())

@@ -218,9 +218,9 @@ impl RemoteRuntime {
             .map_or(self.url.as_str(), |(_, rest)| rest)
     }
 
-    /// The node's load if it answers its hello within `timeout` (a heartbeat), None when it does
-    /// not.
-    pub fn answers(&self, timeout: Duration) -> Option<wire::NodeLoad> {
+    /// The node's load and the sandboxes its fence froze, if it answers its hello within
+    /// `timeout` (a heartbeat); None when it does not.
+    pub fn answers(&self, timeout: Duration) -> Option<(wire::NodeLoad, Vec<String>)> {
         let response = self
             .agent
             .get(&format!("{}{}", self.url, wire::HELLO_PATH))
@@ -229,13 +229,15 @@ impl RemoteRuntime {
             .call()
             .ok()?;
         // It answered; a hello that does not parse still means it is there.
-        let load = response
-            .into_string()
-            .ok()
-            .and_then(|text| serde_json::from_str::<Hello>(&text).ok())
-            .map(|hello| hello.load)
-            .unwrap_or(self.hello.load);
-        Some(load)
+        Some(
+            response
+                .into_string()
+                .ok()
+                .and_then(|text| serde_json::from_str::<Hello>(&text).ok())
+                .map_or((self.hello.load, Vec::new()), |hello| {
+                    (hello.load, hello.fenced)
+                }),
+        )
     }
 
     fn call<T: DeserializeOwned>(&self, call: Call) -> Result<T, RuntimeError> {

@@ -192,6 +192,9 @@ pub struct Hello {
     /// What the node's sandboxes hold and its limits, as of this hello.
     #[serde(default)]
     pub load: NodeLoad,
+    /// Sandboxes the node froze because no server reached it for a while (`fence.rs`).
+    #[serde(default)]
+    pub fenced: Vec<String>,
 }
 
 /// What a node's sandboxes hold together, and the node's limits (`warren node --max-*`).
