@@ -184,6 +184,27 @@ def test_two_servers_share_the_sandboxes_of_one_database_and_their_nodes(fleet):
     assert status == 404
     harness.wait_until("the nodes run nothing", lambda: not on_nodes(nodes), limit=60)
 
+    # A drain through one server holds for the other: the node keeps the mark.
+    drained = nodes[0].url.split("://")[1]
+    status, report = a.api("POST", f"/nodes/{drained}/drain")
+    assert status == 200, report
+    # The other server reads it in the node's next hello (each second).
+    harness.wait_until(
+        "the second server sees the node drained",
+        lambda: {n["nodeID"]: n["draining"] for n in b.api("GET", "/nodes")[1]}[drained] is True,
+        limit=10,
+    )
+    placed = [Sandbox.create(timeout=600, **b.sdk()) for _ in range(2)]
+    assert all(p.sandbox_id in on(nodes[1]) for p in placed), [on(n) for n in nodes]
+    assert b.api("DELETE", f"/nodes/{drained}/drain")[0] == 204
+    harness.wait_until(
+        "the first server sees the node undrained",
+        lambda: {n["nodeID"]: n["draining"] for n in a.api("GET", "/nodes")[1]}[drained] is False,
+        limit=10,
+    )
+    for p in placed:
+        p.kill()
+
 
 def _get(url: str, headers: dict) -> tuple[int, str]:
     import urllib.error

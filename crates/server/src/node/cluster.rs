@@ -83,8 +83,6 @@ impl Health {
 pub struct ClusterRuntime {
     nodes: Arc<Vec<RemoteRuntime>>,
     health: Arc<Vec<Health>>,
-    /// Nodes new sandboxes are kept off.
-    draining: Vec<AtomicBool>,
     /// Sandbox ID → index in `nodes`.
     placed: Mutex<HashMap<String, usize>>,
     /// Sandbox ID → the node its next start must not go to (a migration's).
@@ -161,7 +159,6 @@ impl ClusterRuntime {
             })
             .map_err(|error| format!("start the node heartbeat: {error}"))?;
         Ok(Self {
-            draining: nodes.iter().map(|_| AtomicBool::new(false)).collect(),
             nodes,
             health,
             placed: Mutex::new(HashMap::new()),
@@ -188,9 +185,7 @@ impl ClusterRuntime {
     /// The nodes a new sandbox may go to (up, not draining, not `avoided`).
     fn candidates(&self, avoided: Option<usize>) -> Vec<usize> {
         (0..self.nodes.len())
-            .filter(|&at| {
-                !self.down(at) && !self.draining[at].load(Ordering::SeqCst) && Some(at) != avoided
-            })
+            .filter(|&at| !self.down(at) && !self.load(at).draining && Some(at) != avoided)
             .collect()
     }
 
@@ -559,7 +554,7 @@ impl Runtime for ClusterRuntime {
                 id: node.id().to_string(),
                 url: node.url().to_string(),
                 up: !self.down(at),
-                draining: self.draining[at].load(Ordering::SeqCst),
+                draining: self.load(at).draining,
                 sandboxes: placed.values().filter(|&&n| n == at).count(),
             })
             .collect()
@@ -572,16 +567,18 @@ impl Runtime for ClusterRuntime {
 
     fn set_draining(&self, node: &str, draining: bool) -> Result<(), RuntimeError> {
         let at = self.index_of(node)?;
-        self.draining[at].store(draining, Ordering::SeqCst);
+        // The node keeps the mark, so every server sharing it sees it (in its hello) and a
+        // restarted node is still drained.
+        let load = self.nodes[at].set_draining(draining)?;
+        self.seen(at).0 = load;
         tracing::info!(node, draining, "node drain set");
         Ok(())
     }
 
     fn avoid_node(&self, id: &str, node: &str) -> Result<(), RuntimeError> {
         let at = self.index_of(node)?;
-        let elsewhere = (0..self.nodes.len()).any(|other| {
-            other != at && !self.down(other) && !self.draining[other].load(Ordering::SeqCst)
-        });
+        let elsewhere = (0..self.nodes.len())
+            .any(|other| other != at && !self.down(other) && !self.load(other).draining);
         if !elsewhere {
             return Err(RuntimeError::ResourceExhausted {
                 context: format!(

@@ -34,6 +34,9 @@ struct Held {
 
 pub struct Ledger {
     path: PathBuf,
+    /// Present while the node is drained: the mark outlives a restart of the node.
+    draining_mark: PathBuf,
+    draining: std::sync::atomic::AtomicBool,
     limits: NodeLimits,
     /// The node's name in refusals (`HOST:PORT`).
     name: String,
@@ -41,6 +44,7 @@ pub struct Ledger {
 }
 
 const FILE: &str = "node-resources.json";
+const DRAINING_MARK: &str = "node-draining";
 
 impl Ledger {
     /// The ledger of the node whose state directory is `state_dir`; what an earlier run recorded is
@@ -55,8 +59,11 @@ impl Ledger {
             }),
             Err(_) => HashMap::new(),
         };
+        let draining_mark = state_dir.join(DRAINING_MARK);
         Ledger {
             path,
+            draining: std::sync::atomic::AtomicBool::new(draining_mark.exists()),
+            draining_mark,
             limits,
             name,
             held: Mutex::new(held),
@@ -69,7 +76,30 @@ impl Ledger {
 
     /// The totals and the limits, for the hello.
     pub fn load(&self) -> NodeLoad {
-        load_of(&self.held(), self.limits)
+        NodeLoad {
+            draining: self.draining(),
+            ..load_of(&self.held(), self.limits)
+        }
+    }
+
+    fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Keeps new sandboxes off the node (its mark is kept in the state directory), or lets them
+    /// on again.
+    pub fn set_draining(&self, draining: bool) -> std::io::Result<()> {
+        if draining {
+            std::fs::write(&self.draining_mark, b"drained by a server's request\n")?;
+        } else {
+            match std::fs::remove_file(&self.draining_mark) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => return Err(error),
+                _ => {}
+            }
+        }
+        self.draining
+            .store(draining, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     /// Holds `resources` for sandbox `id` if the limits allow it (a sandbox already held, being
@@ -78,7 +108,10 @@ impl Ledger {
         let mut held = self.held();
         let mut without = held.clone();
         without.remove(id);
-        let load = load_of(&without, self.limits);
+        let load = NodeLoad {
+            draining: self.draining(),
+            ..load_of(&without, self.limits)
+        };
         if let Some(why) = load.refusal(resources.vcpus, resources.memory_mib) {
             return Err(RuntimeError::ResourceExhausted {
                 context: format!("node {} is full: {why}", self.name),
@@ -138,6 +171,7 @@ fn load_of(held: &HashMap<String, Held>, limits: NodeLimits) -> NodeLoad {
         max_sandboxes: limits.max_sandboxes,
         max_vcpus: limits.max_vcpus,
         max_memory_mib: limits.max_memory_mib,
+        draining: false,
     }
 }
 
@@ -192,5 +226,29 @@ mod tests {
         assert_eq!((again.load().sandboxes, again.load().vcpus), (1, 1.0));
         let third = Ledger::open(dir.path(), limits, "n1:3100".into());
         assert_eq!(third.load().sandboxes, 1);
+    }
+
+    #[test]
+    fn a_drained_node_takes_nothing_new_until_undrained_even_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let limits = NodeLimits {
+            max_sandboxes: 8,
+            max_vcpus: 8.0,
+            max_memory_mib: 8192,
+        };
+        let ledger = Ledger::open(dir.path(), limits, "n1:3100".into());
+        ledger.set_draining(true).unwrap();
+        assert!(ledger.load().draining);
+        let refused = ledger.reserve("a", &resources(1.0, 64)).unwrap_err();
+        assert!(refused.to_string().contains("draining"), "{refused}");
+        let restarted = Ledger::open(dir.path(), limits, "n1:3100".into());
+        assert!(restarted.load().draining, "the mark outlives a restart");
+        restarted.set_draining(false).unwrap();
+        restarted.reserve("a", &resources(1.0, 64)).unwrap();
+        assert!(
+            !Ledger::open(dir.path(), limits, "n1:3100".into())
+                .load()
+                .draining
+        );
     }
 }

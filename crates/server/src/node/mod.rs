@@ -112,6 +112,7 @@ pub fn router(
     Router::new()
         .route(wire::HELLO_PATH, get(hello_handler))
         .route(wire::CALL_PATH, post(call_handler))
+        .route(wire::DRAIN_PATH, axum::routing::put(drain_handler))
         .with_state(Arc::new(Node {
             runtime,
             token,
@@ -294,6 +295,44 @@ async fn hello_handler(State(node): State<Arc<Node>>, headers: HeaderMap) -> Res
         ..node.hello.clone()
     })
     .into_response()
+}
+
+#[derive(serde::Deserialize)]
+struct Drain {
+    draining: bool,
+}
+
+async fn drain_handler(
+    State(node): State<Arc<Node>>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    if !authorized(&headers, &node.token) {
+        return refused(
+            StatusCode::UNAUTHORIZED,
+            "a valid node token is required".into(),
+        );
+    }
+    node.fence.heard();
+    let drain: Drain = match serde_json::from_str(&body) {
+        Ok(drain) => drain,
+        Err(error) => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                format!("expected {{\"draining\": true|false}}: {error}"),
+            )
+        }
+    };
+    match node.ledger.set_draining(drain.draining) {
+        Ok(()) => {
+            tracing::info!(draining = drain.draining, "node drain set");
+            Json(node.ledger.load()).into_response()
+        }
+        Err(error) => refused(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("cannot record the drain: {error}"),
+        ),
+    }
 }
 
 async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: String) -> Response {

@@ -218,6 +218,25 @@ impl RemoteRuntime {
             .map_or(self.url.as_str(), |(_, rest)| rest)
     }
 
+    /// Keeps new sandboxes off the node, for every server (the node keeps the mark), or lets
+    /// them on again; the node's load as it answers.
+    pub fn set_draining(&self, draining: bool) -> Result<wire::NodeLoad, RuntimeError> {
+        let failed = |reason: String| RuntimeError::Internal {
+            context: format!("node {}: drain: {reason}", self.url),
+            source: None,
+        };
+        let text = self
+            .agent
+            .put(&format!("{}{}", self.url, wire::DRAIN_PATH))
+            .set("Authorization", &self.authorization)
+            .set("Content-Type", "application/json")
+            .send_string(&serde_json::json!({ "draining": draining }).to_string())
+            .map_err(|error| failed(error.to_string()))?
+            .into_string()
+            .map_err(|error| failed(error.to_string()))?;
+        serde_json::from_str(&text).map_err(|error| failed(error.to_string()))
+    }
+
     /// The node's load and the sandboxes its fence froze, if it answers its hello within
     /// `timeout` (a heartbeat); None when it does not.
     pub fn answers(&self, timeout: Duration) -> Option<(wire::NodeLoad, Vec<String>)> {

@@ -11,6 +11,8 @@ use warren_runtime::{NetworkSpec, Runtime, RuntimeError, SandboxSpec};
 pub const CALL_PATH: &str = "/v1/runtime";
 /// What a node answers with its version and what it can do; needs the token too.
 pub const HELLO_PATH: &str = "/v1/hello";
+/// `PUT` `{"draining": true|false}`: keep new sandboxes off the node, or let them on again.
+pub const DRAIN_PATH: &str = "/v1/drain";
 
 /// One runtime call, as sent to a node.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -206,12 +208,18 @@ pub struct NodeLoad {
     pub max_sandboxes: u32,
     pub max_vcpus: f64,
     pub max_memory_mib: u64,
+    /// Drained (`warren nodes drain`): it takes no new sandbox from any server.
+    #[serde(default)]
+    pub draining: bool,
 }
 
 impl NodeLoad {
     /// Why one more sandbox holding `vcpus` and `memory_mib` would go past a limit; None when it
     /// fits.
     pub fn refusal(&self, vcpus: f64, memory_mib: u64) -> Option<String> {
+        if self.draining {
+            return Some("draining: it takes no new sandboxes (warren nodes undrain)".into());
+        }
         if self.sandboxes >= self.max_sandboxes {
             return Some(format!(
                 "{} of {} sandboxes (--max-sandboxes)",
@@ -366,6 +374,7 @@ mod tests {
             max_sandboxes: 8,
             max_vcpus: 4.0,
             max_memory_mib: 4096,
+            draining: false,
         };
         assert_eq!(load.refusal(1.0, 512), None);
         assert!(load
@@ -386,6 +395,11 @@ mod tests {
             ..load
         };
         assert!(full.refusal(0.0, 0).unwrap().contains("--max-sandboxes"));
+        let drained = NodeLoad {
+            draining: true,
+            ..load
+        };
+        assert!(drained.refusal(0.0, 0).unwrap().contains("draining"));
     }
 
     fn round_trip(error: RuntimeError) -> RuntimeError {
