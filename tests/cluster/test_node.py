@@ -488,6 +488,10 @@ def test_a_node_cut_off_freezes_its_sandboxes_before_it_is_declared_down(remote_
     try:
         harness.wait_until("the cut-off node freezes its sandbox", lambda: _frozen(cut.sandbox_id), limit=30)
         assert not _frozen(kept.sandbox_id), "the other node was not cut off"
+        # A kill while its node cannot be reached: 503, and the sandbox's row is kept.
+        status, body = warren.api("DELETE", f"/sandboxes/{cut.sandbox_id}")
+        assert status == 503 and "cannot be reached" in body["message"], (status, body)
+        assert next(r for r in warren.rows() if r["id"] == cut.sandbox_id)["state"] == "running"
     finally:
         _sh("ip", "link", "set", "wt-lan-1", "up")
     harness.wait_until("the server thaws it", lambda: not _frozen(cut.sandbox_id), limit=30)

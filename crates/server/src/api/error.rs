@@ -113,6 +113,16 @@ impl ApiError {
                 error_code: Some("insufficient_storage"),
             };
         }
+        if crate::node::remote::Unreachable::anywhere(error) {
+            return ApiError {
+                status: StatusCode::SERVICE_UNAVAILABLE,
+                message: format!(
+                    "the node that runs this sandbox cannot be reached just now; retry shortly \
+                     (error id {id})"
+                ),
+                error_code: Some("node_unreachable"),
+            };
+        }
         if database_unreachable_in_chain(error) {
             return ApiError {
                 status: StatusCode::SERVICE_UNAVAILABLE,
@@ -338,6 +348,23 @@ mod tests {
             id: "sbx1".into(),
             source,
         })
+    }
+
+    #[test]
+    fn a_node_that_cannot_be_reached_is_503() {
+        let cut = answer(RuntimeError::Internal {
+            context: "node http://10.0.0.2:3100: connection reset".into(),
+            source: Some(Box::new(crate::node::remote::Unreachable {
+                never_sent: false,
+            })),
+        });
+        assert_eq!(cut.status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(cut.error_code, Some("node_unreachable"));
+        let other = answer(RuntimeError::Internal {
+            context: "something else".into(),
+            source: None,
+        });
+        assert_eq!(other.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 
     #[test]

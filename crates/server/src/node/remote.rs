@@ -90,6 +90,19 @@ impl Unreachable {
             .and_then(|source| source.downcast_ref::<Unreachable>())
             .is_some_and(|unreachable| unreachable.never_sent)
     }
+
+    /// Whether a node could not be reached (or stopped answering) anywhere in `error`'s chain:
+    /// nothing is known to have changed on it.
+    pub fn anywhere(error: &(dyn std::error::Error + 'static)) -> bool {
+        let mut cause = Some(error);
+        while let Some(error) = cause {
+            if error.downcast_ref::<Unreachable>().is_some() {
+                return true;
+            }
+            cause = error.source();
+        }
+        false
+    }
 }
 
 /// The runtime of one remote node.

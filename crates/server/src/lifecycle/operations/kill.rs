@@ -41,6 +41,16 @@ impl Lifecycle {
                 .await
             {
                 Ok(()) | Err(RuntimeError::NotFound(_)) => {}
+                // Its node did not answer: the sandbox is as it was (it runs on, or its node is
+                // about to be declared down); the row stays, and the kill can be asked again.
+                Err(source) if crate::node::remote::Unreachable::anywhere(&source) => {
+                    self.routes.set(&record.id, None);
+                    return Err(LifecycleError::Runtime {
+                        action: "destroy",
+                        id: record.id.clone(),
+                        source,
+                    });
+                }
                 Err(source) => {
                     self.fail(record, format!("destroy failed: {source}")).await;
                     return Err(LifecycleError::Runtime {
