@@ -616,6 +616,19 @@ def test_a_template_built_on_nodes_starts_running_on_either(remote_nodes):
     for box in (first, second):
         served = box.commands.run("curl -s http://127.0.0.1:8080/greeting").stdout.strip()
         assert served == "built-on-a-node", served
+        box.kill()
+    harness.wait_until("both nodes empty", lambda: not on(node_a) and not on(node_b), limit=30)
+
+    # Locality: with one `base` sandbox on each node, a second sandbox of the template goes where
+    # the first one runs (its layers warm there), though the other node holds fewer sandboxes.
+    bases = [Sandbox.create(timeout=600) for _ in range(2)]
+    assert {box.sandbox_id in on(node_a) for box in bases} == {True, False}, "one base on each node"
+    third = Sandbox.create(template="wt-cluster-tpl", timeout=600)
+    fourth = Sandbox.create(template="wt-cluster-tpl", timeout=600)
+    where = lambda box: "a" if box.sandbox_id in on(node_a) else "b"  # noqa: E731
+    assert where(third) == where(fourth), (where(third), where(fourth))
+    for box in (*bases, third, fourth):
+        box.kill()
 
 
 def test_a_node_over_tls_serves_a_server_that_trusts_its_ca_and_no_other(tmp_path):

@@ -24,7 +24,7 @@ use warren_runtime::{
 };
 
 use super::remote::{RemoteRuntime, Unreachable};
-use super::wire::NodeLoad;
+use super::wire::{NodeLoad, Seen};
 
 /// How often every node is asked whether it is there.
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
@@ -92,9 +92,6 @@ pub struct ClusterRuntime {
     seen: Arc<Vec<Mutex<Seen>>>,
 }
 
-/// What a node's last hello said: its load and the sandboxes its fence froze.
-type Seen = (NodeLoad, Vec<String>);
-
 impl ClusterRuntime {
     /// Over `nodes`, which must not be empty and whose sandbox subnets must differ (the server
     /// reaches every sandbox by its address).
@@ -123,7 +120,7 @@ impl ClusterRuntime {
         let seen: Arc<Vec<Mutex<Seen>>> = Arc::new(
             nodes
                 .iter()
-                .map(|n| Mutex::new((n.hello().load, n.hello().fenced.clone())))
+                .map(|n| Mutex::new(Seen::from(n.hello())))
                 .collect(),
         );
         // The heartbeat ends with the runtime: it holds the health only weakly.
@@ -172,7 +169,7 @@ impl ClusterRuntime {
     }
 
     fn load(&self, at: usize) -> NodeLoad {
-        self.seen(at).0
+        self.seen(at).load
     }
 
     /// Asks node `at` for its load now (after a start it refused, or a destroy).
@@ -243,16 +240,18 @@ impl ClusterRuntime {
         }
     }
 
-    /// Starts a sandbox holding `resources` on the node with the largest free share that takes
-    /// it (then the fewest sandboxes): a node that is full (`ResourceExhausted`) or that the call
-    /// never reached is passed over for the next. A node the call may have reached without
-    /// answering is not: the sandbox could be running there.
+    /// Starts sandbox `spec` on the node that takes it best: not full, then the largest free share
+    /// in steps of a tenth, then one that already runs a sandbox of the same template (its
+    /// layers warm in that node's page cache), then the largest free share exactly, then the
+    /// fewest sandboxes. A node that is full (`ResourceExhausted`) or that the call never reached
+    /// is passed over for the next. A node the call may have reached without answering is not:
+    /// the sandbox could be running there.
     fn place(
         &self,
-        id: &str,
-        resources: &Resources,
+        spec: &SandboxSpec,
         start: impl Fn(&RemoteRuntime) -> Result<Sandbox, RuntimeError>,
     ) -> Result<Sandbox, RuntimeError> {
+        let (id, resources, top_layer) = (&spec.id, &spec.resources, spec.layers.first());
         let avoided = self
             .avoid
             .lock()
@@ -263,14 +262,20 @@ impl ClusterRuntime {
             let placed = self.placed();
             let count = |at: usize| placed.values().filter(|&&node| node == at).count();
             let loads: Vec<NodeLoad> = (0..self.nodes.len()).map(|at| self.load(at)).collect();
+            let warm: Vec<bool> = (0..self.nodes.len())
+                .map(|at| top_layer.is_some_and(|top| self.seen(at).warm_layers.contains(top)))
+                .collect();
             order.sort_by(|&a, &b| {
                 let full = |at: usize| {
                     loads[at]
                         .refusal(resources.vcpus, resources.memory_mib)
                         .is_some()
                 };
+                let tenths = |at: usize| (loads[at].free_share() * 10.0).floor() as i64;
                 full(a)
                     .cmp(&full(b))
+                    .then(tenths(b).cmp(&tenths(a)))
+                    .then(warm[b].cmp(&warm[a]))
                     .then(loads[b].free_share().total_cmp(&loads[a].free_share()))
                     .then(count(a).cmp(&count(b)))
                     .then(a.cmp(&b))
@@ -282,7 +287,12 @@ impl ClusterRuntime {
                 Ok(sandbox) => {
                     self.placed().insert(id.to_string(), at);
                     let mut seen = self.seen(at);
-                    seen.0 = seen.0.plus(resources.vcpus, resources.memory_mib);
+                    seen.load = seen.load.plus(resources.vcpus, resources.memory_mib);
+                    if let Some(top) = top_layer {
+                        if !seen.warm_layers.contains(top) {
+                            seen.warm_layers.push(top.clone());
+                        }
+                    }
                     return Ok(sandbox);
                 }
                 Err(error)
@@ -354,7 +364,7 @@ impl Runtime for ClusterRuntime {
     }
 
     fn create(&self, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, &spec.resources, |node| node.create(spec))
+        self.place(spec, |node| node.create(spec))
     }
 
     fn destroy(&self, id: &str) -> Result<(), RuntimeError> {
@@ -368,7 +378,7 @@ impl Runtime for ClusterRuntime {
     fn fenced(&self) -> Vec<String> {
         (0..self.nodes.len())
             .filter(|&at| !self.down(at))
-            .flat_map(|at| self.seen(at).1.clone())
+            .flat_map(|at| self.seen(at).fenced.clone())
             .collect()
     }
 
@@ -470,9 +480,7 @@ impl Runtime for ClusterRuntime {
         checkpoint: &Path,
         spec: &SandboxSpec,
     ) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, &spec.resources, |node| {
-            node.boot_from_disk(checkpoint, spec)
-        })
+        self.place(spec, |node| node.boot_from_disk(checkpoint, spec))
     }
 
     fn commit_layer(&self, id: &str, dest: &Path) -> Result<u64, RuntimeError> {
@@ -516,9 +524,7 @@ impl Runtime for ClusterRuntime {
     }
 
     fn restore(&self, checkpoint: &Path, spec: &SandboxSpec) -> Result<Sandbox, RuntimeError> {
-        self.place(&spec.id, &spec.resources, |node| {
-            node.restore(checkpoint, spec)
-        })
+        self.place(spec, |node| node.restore(checkpoint, spec))
     }
 
     fn forget_checkpoint(&self, checkpoint: &Path) {
@@ -570,7 +576,7 @@ impl Runtime for ClusterRuntime {
         // The node keeps the mark, so every server sharing it sees it (in its hello) and a
         // restarted node is still drained.
         let load = self.nodes[at].set_draining(draining)?;
-        self.seen(at).0 = load;
+        self.seen(at).load = load;
         tracing::info!(node, draining, "node drain set");
         Ok(())
     }

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
-use warren_runtime::{Resources, RuntimeError};
+use warren_runtime::{RuntimeError, SandboxSpec};
 
 use super::wire::NodeLoad;
 
@@ -26,10 +26,13 @@ pub struct NodeLimits {
 }
 
 /// What one sandbox holds.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Held {
     vcpus: f64,
     memory_mib: u64,
+    /// Its top layer (its template build's): what the node has warm in its page cache.
+    #[serde(default)]
+    top_layer: Option<PathBuf>,
 }
 
 pub struct Ledger {
@@ -102,9 +105,22 @@ impl Ledger {
         Ok(())
     }
 
-    /// Holds `resources` for sandbox `id` if the limits allow it (a sandbox already held, being
+    /// The distinct top layers of the sandboxes held, sorted.
+    pub fn warm_layers(&self) -> Vec<PathBuf> {
+        let mut layers: Vec<PathBuf> = self
+            .held()
+            .values()
+            .filter_map(|held| held.top_layer.clone())
+            .collect();
+        layers.sort();
+        layers.dedup();
+        layers
+    }
+
+    /// Holds what sandbox `spec` asks for if the limits allow it (a sandbox already held, being
     /// restored again, counts once).
-    pub fn reserve(&self, id: &str, resources: &Resources) -> Result<(), RuntimeError> {
+    pub fn reserve(&self, spec: &SandboxSpec) -> Result<(), RuntimeError> {
+        let (id, resources) = (spec.id.as_str(), &spec.resources);
         let mut held = self.held();
         let mut without = held.clone();
         without.remove(id);
@@ -123,6 +139,7 @@ impl Ledger {
             Held {
                 vcpus: resources.vcpus,
                 memory_mib: resources.memory_mib,
+                top_layer: spec.layers.first().cloned(),
             },
         );
         self.save(&held);
@@ -179,12 +196,19 @@ fn load_of(held: &HashMap<String, Held>, limits: NodeLimits) -> NodeLoad {
 mod tests {
     use super::*;
 
-    fn resources(vcpus: f64, memory_mib: u64) -> Resources {
-        Resources {
-            vcpus,
-            memory_mib,
-            disk_mib: 64,
-            max_pids: 64,
+    fn spec(id: &str, vcpus: f64, memory_mib: u64) -> SandboxSpec {
+        SandboxSpec {
+            id: id.into(),
+            layers: vec![PathBuf::from(format!("/templates/{id}/layer"))],
+            resources: warren_runtime::Resources {
+                vcpus,
+                memory_mib,
+                disk_mib: 64,
+                max_pids: 64,
+            },
+            network: Default::default(),
+            syscalls: Default::default(),
+            volumes: Vec::new(),
         }
     }
 
@@ -197,26 +221,35 @@ mod tests {
             max_memory_mib: 1024,
         };
         let ledger = Ledger::open(dir.path(), limits, "n1:3100".into());
-        ledger.reserve("a", &resources(1.0, 512)).unwrap();
-        ledger.reserve("b", &resources(1.0, 512)).unwrap();
-        let refused = ledger.reserve("c", &resources(1.0, 1)).unwrap_err();
+        ledger.reserve(&spec("a", 1.0, 512)).unwrap();
+        ledger.reserve(&spec("b", 1.0, 512)).unwrap();
+        let refused = ledger.reserve(&spec("c", 1.0, 1)).unwrap_err();
         assert!(
             refused.to_string().contains("node n1:3100 is full")
                 && refused.to_string().contains("memory"),
             "{refused}"
         );
         // The same sandbox again (a restore of it) counts once.
-        ledger.reserve("b", &resources(1.0, 512)).unwrap();
+        ledger.reserve(&spec("b", 1.0, 512)).unwrap();
         ledger.release("b");
-        ledger.reserve("c", &resources(2.0, 256)).unwrap();
-        let refused = ledger.reserve("d", &resources(1.5, 1)).unwrap_err();
+        ledger.reserve(&spec("c", 2.0, 256)).unwrap();
+        let refused = ledger.reserve(&spec("d", 1.5, 1)).unwrap_err();
         assert!(refused.to_string().contains("vCPU"), "{refused}");
-        ledger.reserve("d", &resources(1.0, 1)).unwrap();
-        let refused = ledger.reserve("e", &resources(0.0, 0)).unwrap_err();
+        ledger.reserve(&spec("d", 1.0, 1)).unwrap();
+        let refused = ledger.reserve(&spec("e", 0.0, 0)).unwrap_err();
         assert!(refused.to_string().contains("sandboxes"), "{refused}");
         assert_eq!(
             (ledger.load().sandboxes, ledger.load().memory_mib),
             (3, 769)
+        );
+        assert_eq!(
+            ledger.warm_layers(),
+            [
+                "/templates/a/layer",
+                "/templates/c/layer",
+                "/templates/d/layer"
+            ]
+            .map(PathBuf::from)
         );
 
         // A restarted node reads it back; a list drops what no longer runs.
@@ -239,12 +272,12 @@ mod tests {
         let ledger = Ledger::open(dir.path(), limits, "n1:3100".into());
         ledger.set_draining(true).unwrap();
         assert!(ledger.load().draining);
-        let refused = ledger.reserve("a", &resources(1.0, 64)).unwrap_err();
+        let refused = ledger.reserve(&spec("a", 1.0, 64)).unwrap_err();
         assert!(refused.to_string().contains("draining"), "{refused}");
         let restarted = Ledger::open(dir.path(), limits, "n1:3100".into());
         assert!(restarted.load().draining, "the mark outlives a restart");
         restarted.set_draining(false).unwrap();
-        restarted.reserve("a", &resources(1.0, 64)).unwrap();
+        restarted.reserve(&spec("a", 1.0, 64)).unwrap();
         assert!(
             !Ledger::open(dir.path(), limits, "n1:3100".into())
                 .load()

@@ -108,6 +108,7 @@ pub fn router(
         sandbox_prefix: prefix,
         load: ledger.load(),
         fenced: Vec::new(),
+        warm_layers: Vec::new(),
     };
     Router::new()
         .route(wire::HELLO_PATH, get(hello_handler))
@@ -292,6 +293,7 @@ async fn hello_handler(State(node): State<Arc<Node>>, headers: HeaderMap) -> Res
     Json(Hello {
         load: node.ledger.load(),
         fenced: node.fence.held(),
+        warm_layers: node.ledger.warm_layers(),
         ..node.hello.clone()
     })
     .into_response()
@@ -371,7 +373,7 @@ async fn call_handler(State(node): State<Arc<Node>>, headers: HeaderMap, body: S
     // A start holds its resources in the node's ledger first: past a limit, it is refused here.
     let starting = match &call {
         Call::Create { spec } | Call::Restore { spec, .. } | Call::BootFromDisk { spec, .. } => {
-            if let Err(error) = node.ledger.reserve(&spec.id, &spec.resources) {
+            if let Err(error) = node.ledger.reserve(spec) {
                 return Json(Answer::Error(WireError::from(&error))).into_response();
             }
             Some(spec.id.clone())

@@ -252,7 +252,7 @@ impl RemoteRuntime {
 
     /// The node's load and the sandboxes its fence froze, if it answers its hello within
     /// `timeout` (a heartbeat); None when it does not.
-    pub fn answers(&self, timeout: Duration) -> Option<(wire::NodeLoad, Vec<String>)> {
+    pub fn answers(&self, timeout: Duration) -> Option<wire::Seen> {
         let response = self
             .agent
             .get(&format!("{}{}", self.url, wire::HELLO_PATH))
@@ -266,9 +266,10 @@ impl RemoteRuntime {
                 .into_string()
                 .ok()
                 .and_then(|text| serde_json::from_str::<Hello>(&text).ok())
-                .map_or((self.hello.load, Vec::new()), |hello| {
-                    (hello.load, hello.fenced)
-                }),
+                .map_or_else(
+                    || wire::Seen::from(&self.hello),
+                    |hello| wire::Seen::from(&hello),
+                ),
         )
     }
 

@@ -197,6 +197,28 @@ pub struct Hello {
     /// Sandboxes the node froze because no server reached it for a while (`fence.rs`).
     #[serde(default)]
     pub fenced: Vec<String>,
+    /// The top layers of the sandboxes it runs (one per template build): their files are in its
+    /// page cache, so another sandbox of the same template starts faster there.
+    #[serde(default)]
+    pub warm_layers: Vec<PathBuf>,
+}
+
+/// What a server's heartbeat learns of a node from its hello.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Seen {
+    pub load: NodeLoad,
+    pub fenced: Vec<String>,
+    pub warm_layers: Vec<PathBuf>,
+}
+
+impl From<&Hello> for Seen {
+    fn from(hello: &Hello) -> Seen {
+        Seen {
+            load: hello.load,
+            fenced: hello.fenced.clone(),
+            warm_layers: hello.warm_layers.clone(),
+        }
+    }
 }
 
 /// What a node's sandboxes hold together, and the node's limits (`warren node --max-*`).
