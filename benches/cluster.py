@@ -8,6 +8,7 @@ Run inside scripts/private-netns, with the release binary:
     WARREN_BIN=target/release/warren scripts/private-netns .venv/bin/python benches/cluster.py [--creates N] [--json F]
     ... benches/cluster.py --migrate 10     # a sandbox holding 100 MiB moved between 2 nodes 10 times
     ... benches/cluster.py --many 500       # 500 sandboxes held at once over 3 nodes
+    ... benches/cluster.py --servers        # one server on SQLite, then two on PostgreSQL, 2 nodes
 
 Each configuration: a fresh server (and nodes), 5 creates to warm up, then N sequential creates
 (`POST /sandboxes`, each killed after) for p50/p99, then N creates by 4 clients at once for the rate.
@@ -30,6 +31,7 @@ sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 import harness  # noqa: E402
 import test_node as cluster  # noqa: E402
+import test_servers  # noqa: E402
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -138,6 +140,70 @@ def measure_many(warren, total: int) -> dict:
     }
 
 
+def measure_exec(opts: dict, rounds: int = 100) -> dict:
+    """`commands.run("true")` round trips through the server `opts` names (the SDK's options)."""
+    box = harness.sdk().create(timeout=600, **opts)
+    try:
+        for _ in range(10):
+            box.commands.run("true")
+        took = []
+        for _ in range(rounds):
+            started = time.perf_counter()
+            box.commands.run("true")
+            took.append((time.perf_counter() - started) * 1000)
+    finally:
+        box.kill()
+    return {"exec_p50_ms": round(pct(took, 50), 2), "exec_p99_ms": round(pct(took, 99), 2)}
+
+
+def with_servers(creates: int) -> dict:
+    """Two nodes; one server on SQLite, then two on one PostgreSQL database (each measured)."""
+    state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
+    nodes, made, results = [], [], {}
+    try:
+        token = None
+        for index in range(2):
+            name, lan = f"wt-bench-{index}", f"wt-lan-{index}"
+            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
+            cluster._node_namespace(name, lan, server_address, node_address)
+            made.append((name, lan))
+            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
+            if token is not None:
+                extra += ["--token-file", str(token)]
+            node = cluster.Node([state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
+            node.start()
+            nodes.append(node)
+            token = node.token_file
+        alone = cluster.RemoteCluster(nodes, state)
+        alone.start()
+        try:
+            results["one server, SQLite"] = {**measure(alone, creates), **measure_exec(
+                {"api_url": alone.api_url, "sandbox_url": alone.sandbox_url, "api_key": alone.api_key})}
+        finally:
+            alone.stop()
+        (state / "warren.db").unlink(missing_ok=True)
+        with harness.private_postgres() as database:
+            a, b = (test_servers.SharedServer(state, nodes, database, name) for name in ("a", "b"))
+            try:
+                test_servers.start_both(a, b)
+                for label, server in (("two servers, PostgreSQL: the leader", a), ("two servers, PostgreSQL: the other", b)):
+                    results[label] = {**measure(server, creates), **measure_exec(server.sdk())}
+            finally:
+                for server in (a, b):
+                    server.stop()
+                    server.log_path.unlink(missing_ok=True)
+        return results
+    finally:
+        for node in nodes:
+            cluster._destroy_what_runs_on(node)
+            node.stop()
+        for node in nodes:
+            shutil.rmtree(node.state_dir, ignore_errors=True)
+        for name, lan in made:
+            cluster._remove_namespace(name, lan)
+        subprocess.run(["rm", "-rf", "--one-file-system", str(state)], check=False)
+
+
 def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 0) -> dict:
     server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
     nodes, made = [], []
@@ -192,10 +258,22 @@ def main() -> int:
     parser.add_argument("--json", type=Path)
     parser.add_argument("--migrate", type=int, metavar="ROUNDS", help="only: a 100 MiB sandbox migrated ROUNDS times between 2 nodes")
     parser.add_argument("--many", type=int, metavar="N", help="only: N sandboxes held at once over 3 nodes")
+    parser.add_argument("--servers", action="store_true",
+                        help="only: one server on SQLite, then two sharing PostgreSQL, over 2 nodes")
     args = parser.parse_args()
     reason = harness.missing_prerequisite()
     if reason:
         print(f"SKIP: {reason}")
+        return 0
+    if args.servers:
+        if harness.pg_bin() is None:
+            print("SKIP: no PostgreSQL binaries (install postgresql)")
+            return 0
+        results = with_servers(args.creates)
+        for label, result in results.items():
+            print(f"{label:40} {json.dumps(result)}", flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(results, indent=2))
         return 0
     if args.migrate or args.many:
         result = (

@@ -166,19 +166,10 @@ async fn adopt_or_settle(
             // Frozen under a running record: a fork, snapshot or layer commit that leaves the
             // sandbox running was cut short. Its memory is whole; let it run on.
             if thaw(lifecycle, &record.id).await {
-                record.ip = Some(sandbox.ip);
-                record.init_pid = Some(sandbox.init_pid);
-                lifecycle.remember_route(&record);
-                report.adopted.push(record.id.clone());
+                adopt(lifecycle, &mut record, &sandbox, report);
             } else {
-                destroy(lifecycle, &record.id).await;
-                lose(
-                    lifecycle,
-                    &mut record,
-                    "frozen by a checkpoint a restart cut short, and it would not thaw",
-                )
-                .await?;
-                report.lost.push(record.id.clone());
+                let reason = "frozen by a checkpoint a restart cut short, and it would not thaw";
+                destroy_and_lose(lifecycle, &mut record, reason, report).await?;
             }
         }
         (SandboxState::Running | SandboxState::Paused, Some(sandbox)) => {
@@ -188,20 +179,11 @@ async fn adopt_or_settle(
                 _ => frozen && record.pause_kind == Some(PauseKind::Freeze),
             };
             if consistent {
-                record.ip = Some(sandbox.ip);
-                record.init_pid = Some(sandbox.init_pid);
-                lifecycle.remember_route(&record);
+                adopt(lifecycle, &mut record, &sandbox, report);
                 lifecycle.reinstall_network(&record).await;
-                report.adopted.push(record.id.clone());
             } else {
-                destroy(lifecycle, &record.id).await;
-                lose(
-                    lifecycle,
-                    &mut record,
-                    "state on the host did not match the store",
-                )
-                .await?;
-                report.lost.push(record.id.clone());
+                let reason = "state on the host did not match the store";
+                destroy_and_lose(lifecycle, &mut record, reason, report).await?;
             }
         }
         (SandboxState::Pausing | SandboxState::Resuming, running) => {
@@ -214,14 +196,8 @@ async fn adopt_or_settle(
         (_, Some(_)) => {
             // Caught mid-transition by a restart (or its server's death): its state is unknown, so
             // do not keep it.
-            destroy(lifecycle, &record.id).await;
-            lose(
-                lifecycle,
-                &mut record,
-                "its server stopped during a transition",
-            )
-            .await?;
-            report.lost.push(record.id.clone());
+            let reason = "its server stopped during a transition";
+            destroy_and_lose(lifecycle, &mut record, reason, report).await?;
         }
         (_, None) => {
             lose(
@@ -323,6 +299,32 @@ pub async fn take_over(
         );
     }
     Ok(report)
+}
+
+/// Takes `record` as running at `sandbox`'s address.
+fn adopt(
+    lifecycle: &Lifecycle,
+    record: &mut SandboxRecord,
+    sandbox: &warren_runtime::Sandbox,
+    report: &mut ReconcileReport,
+) {
+    record.ip = Some(sandbox.ip);
+    record.init_pid = Some(sandbox.init_pid);
+    lifecycle.remember_route(record);
+    report.adopted.push(record.id.clone());
+}
+
+/// Ends what runs of `record` and records it lost for `reason`.
+async fn destroy_and_lose(
+    lifecycle: &Lifecycle,
+    record: &mut SandboxRecord,
+    reason: &str,
+    report: &mut ReconcileReport,
+) -> Result<(), LifecycleError> {
+    destroy(lifecycle, &record.id).await;
+    lose(lifecycle, record, reason).await?;
+    report.lost.push(record.id.clone());
+    Ok(())
 }
 
 /// Removes the temporary directories of checkpoints a restart cut short (an `AtomicDir` is renamed
