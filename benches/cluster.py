@@ -199,6 +199,7 @@ def with_servers(creates: int) -> dict:
             node.stop()
         for node in nodes:
             shutil.rmtree(node.state_dir, ignore_errors=True)
+            harness.drop_log(node.log_path)
         for name, lan in made:
             cluster._remove_namespace(name, lan)
         subprocess.run(["rm", "-rf", "--one-file-system", str(state)], check=False)
@@ -248,6 +249,7 @@ def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 
             node.stop()
         for node in nodes:
             shutil.rmtree(node.state_dir, ignore_errors=True)
+            harness.drop_log(node.log_path)
         for name, lan in made:
             cluster._remove_namespace(name, lan)
 

@@ -57,7 +57,7 @@ class Node:
         command = (
             ["nsenter", f"--net=/run/netns/{self.netns}", "unshare", "-m", "--propagation", "private", "bash", "-c",
              'sys=$(mktemp -d); mount -t sysfs sysfs "$sys"; mount --bind "$sys/class" /sys/class; '
-             'mount --bind "$sys/devices" /sys/devices; exec "$@"', "_"]
+             'mount --bind "$sys/devices" /sys/devices; umount "$sys" && rmdir "$sys"; exec "$@"', "_"]
             if self.netns
             else []
         )
@@ -136,6 +136,7 @@ def cluster():
         node.stop()
         subprocess.run(["umount", "-l", str(node.state_dir / "lxcfs")], check=False, stderr=subprocess.DEVNULL)
         shutil.rmtree(node.state_dir, ignore_errors=True)
+        harness.drop_log(node.log_path)
 
 
 def on(node: Node) -> set[str]:
@@ -304,6 +305,7 @@ def remote_nodes(request):
             # After every node stopped: the later nodes read the first one's token file.
             for node in nodes:
                 shutil.rmtree(node.state_dir, ignore_errors=True)
+                harness.drop_log(node.log_path)
             for name, lan in made:
                 _remove_namespace(name, lan)
 
@@ -683,4 +685,5 @@ def test_a_node_over_tls_serves_a_server_that_trusts_its_ca_and_no_other(tmp_pat
             warren.cleanup()
         node.stop()
         shutil.rmtree(node.state_dir, ignore_errors=True)
+        harness.drop_log(node.log_path)
         _remove_namespace(netns, lan)

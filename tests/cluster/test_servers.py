@@ -98,11 +98,12 @@ def fleet():
                     node.stop()
             for node in nodes:
                 shutil.rmtree(node.state_dir, ignore_errors=True)
+                harness.drop_log(node.log_path)
             for name, lan in made:
                 _remove_namespace(name, lan)
             subprocess.run(["rm", "-rf", "--one-file-system", str(state)], check=False)
             for server in servers:
-                server.log_path.unlink(missing_ok=True)
+                harness.drop_log(server.log_path)
 
 
 def start_both(a: SharedServer, b: SharedServer) -> None:

@@ -119,6 +119,26 @@ def wait_until(what: str, probe, limit: float = OP_WAIT_S, pause: float = 0.05):
     raise AssertionError(f"{what} within {limit}s; last error: {last!r}")
 
 
+# --- logs ----------------------------------------------------------------------------------------
+
+# Set by the conftest hooks once a test failed: from then on the servers' and nodes' logs stay in
+# /tmp for a look; a run that passes leaves none behind.
+KEEP_LOGS = False
+
+
+def drop_log(path) -> None:
+    """Removes a server's or node's log, unless a test of this run failed."""
+    if not KEEP_LOGS:
+        Path(path).unlink(missing_ok=True)
+
+
+def keep_logs_after_failures(report) -> None:
+    """For a conftest's `pytest_runtest_makereport` hook."""
+    global KEEP_LOGS
+    if report.failed:
+        KEEP_LOGS = True
+
+
 # --- a private PostgreSQL ------------------------------------------------------------------------
 
 NOBODY = 65534
@@ -382,6 +402,7 @@ class Warren:
         # detaching its mount ends it, where removing the directory under it would not.
         subprocess.run(["umount", "-l", str(self.state_dir / "lxcfs")], check=False, stderr=subprocess.DEVNULL)
         subprocess.run(["rm", "-rf", "--one-file-system", str(self.state_dir)], check=False)
+        drop_log(self.log_path)
 
 
 # --- sandboxes with a counter -------------------------------------------------------------------

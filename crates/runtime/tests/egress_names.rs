@@ -319,6 +319,7 @@ fn host_name_rules_reach_only_the_allowed_names_whatever_the_guest_claims() {
             let _ = self.0.destroy(self.1);
             // The state dir's lxcfs daemon outlives its sandboxes; end it with the test.
             warren_runtime::rootfs::lxcfs::stop(&self.0.config().state_dir);
+            let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
         }
     }
     let _destroy = Destroy(&runtime, &sandbox.id);

@@ -366,6 +366,7 @@ fn a_sandbox_s_tcp_goes_through_its_socks5_proxy_and_nowhere_else() {
         fn drop(&mut self) {
             let _ = self.0.destroy(self.1);
             warren_runtime::rootfs::lxcfs::stop(&self.0.config().state_dir);
+            let _ = std::fs::remove_dir_all(&self.0.config().state_dir);
         }
     }
     let _destroy = Destroy(&runtime, &sandbox.id);
