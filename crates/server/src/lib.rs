@@ -142,7 +142,7 @@ impl Server {
         lifecycle::servers::beat(&lifecycle, &address)
             .await
             .map_err(ServeError::Reconcile)?;
-        let alone = others.is_empty() && lifecycle.leads();
+        let alone = !lifecycle.coordinated() || (others.is_empty() && lifecycle.leads());
         let report = if alone {
             lifecycle::reconcile::reconcile(&lifecycle)
                 .await

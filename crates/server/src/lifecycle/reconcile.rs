@@ -573,11 +573,11 @@ fn build_in_use(building: Option<&HashSet<String>>, id: &str) -> bool {
     id.starts_with(BUILD_SANDBOX_PREFIX) && building.is_none_or(|in_use| in_use.contains(id))
 }
 
-/// The row-less sandboxes (builds, warm pools) the other live servers hold; none when the store is
-/// not shared.
+/// The row-less sandboxes (builds, warm pools) the other live servers hold; none when this server
+/// shares no nodes.
 async fn held_by_other_servers(lifecycle: &Lifecycle) -> Result<HashSet<String>, LifecycleError> {
     let store = lifecycle.store();
-    if !store.shared() {
+    if !lifecycle.coordinated() {
         return Ok(HashSet::new());
     }
     let since = super::now_millis() - super::servers::SERVER_LEASE.as_millis() as i64;

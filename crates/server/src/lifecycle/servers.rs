@@ -5,8 +5,9 @@
 //! carries out the operations its own requests ask for; what must happen once for the whole fleet
 //! (timeouts, the reconciler, the monitor, webhook deliveries, and settling what a dead server left
 //! half done) is done by the one server that leads ([`crate::store::Store::lead`]: a PostgreSQL
-//! advisory lock, which the database releases the moment the leader's connection ends). A store that
-//! is not shared (SQLite) has one server, which always leads.
+//! advisory lock, which the database releases the moment the leader's connection ends). A server
+//! that shares no nodes (SQLite, or a runtime of its own on this machine) is alone with its
+//! sandboxes and always leads.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,7 +41,7 @@ impl Lifecycle {
 
     fn set_leading(&self, leading: bool) {
         let was = self.leading.swap(leading, Ordering::Relaxed);
-        if was != leading && self.store().shared() {
+        if was != leading && self.coordinated() {
             if leading {
                 tracing::info!(server = self.store().server_id(), "this server now leads");
             } else {
@@ -83,7 +84,13 @@ impl Lifecycle {
 pub async fn beat(lifecycle: &Lifecycle, address: &str) -> Result<(), LifecycleError> {
     let store = lifecycle.store();
     let now = now_millis();
-    let lead = store.lead().await;
+    // Only servers that share their nodes coordinate; one with a runtime of its own is alone on
+    // it (the state directory's lock), so it always leads whatever its store.
+    let lead = if lifecycle.coordinated() {
+        store.lead().await
+    } else {
+        Ok(true)
+    };
     let leading = *lead.as_ref().unwrap_or(&false);
     lifecycle.set_leading(leading);
     store
@@ -96,7 +103,7 @@ pub async fn beat(lifecycle: &Lifecycle, address: &str) -> Result<(), LifecycleE
         .await?;
     lead?;
     super::reconcile::settle_abandoned(lifecycle).await?;
-    if !leading || !store.shared() {
+    if !leading || !lifecycle.coordinated() {
         return Ok(());
     }
     let since = now - SERVER_LEASE.as_millis() as i64;
