@@ -168,6 +168,23 @@ def test_two_servers_share_the_sandboxes_of_one_database_and_their_nodes(fleet):
     status, page = _get(f"{b.sandbox_url}/", {"E2b-Sandbox-Id": box.sandbox_id, "E2b-Sandbox-Port": "8080"})
     assert status == 200 and "Directory listing" in page, "the second server routes to the resumed sandbox"
 
+    # Paused through one server, woken by traffic through the other's proxy (auto-resume), its
+    # server process intact.
+    status, body = a.api("POST", "/sandboxes", {"templateID": "base", "timeout": 600, "autoPause": True,
+                                                 "autoResume": {"enabled": True}})
+    assert status == 201, body
+    sleepy = Sandbox.connect(body["sandboxID"], **a.sdk())
+    sleepy.commands.run("cd / && python3 -m http.server 8081 --bind 0.0.0.0", background=True)
+    harness.wait_until(
+        "the sleepy sandbox serves",
+        lambda: _get(f"{a.sandbox_url}/", {"E2b-Sandbox-Id": sleepy.sandbox_id, "E2b-Sandbox-Port": "8081"})[0] == 200,
+    )
+    assert a.api("POST", f"/sandboxes/{sleepy.sandbox_id}/pause")[0] == 204
+    status, page = _get(f"{b.sandbox_url}/", {"E2b-Sandbox-Id": sleepy.sandbox_id, "E2b-Sandbox-Port": "8081"})
+    assert status == 200 and "Directory listing" in page, (status, page[:300])
+    assert next(r for r in b.rows() if r["id"] == sleepy.sandbox_id)["state"] == "running"
+    sleepy.kill()
+
     # A timeout fires once, from the leader: one `killed` event.
     short = Sandbox.create(timeout=3, **b.sdk())
     harness.wait_until(
