@@ -92,19 +92,28 @@ pub async fn reconcile(lifecycle: &Lifecycle) -> Result<ReconcileReport, Lifecyc
     Ok(report)
 }
 
-/// A server joining others that share its store and nodes: nothing is settled (the leader does
-/// that, and the others' operations are under way), the runtime only learns where each sandbox
-/// runs. The report lists the running sandboxes found.
-pub async fn join(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
-    let live = lifecycle
+/// What the runtime runs now, by sandbox ID.
+async fn live_sandboxes(
+    lifecycle: &Lifecycle,
+) -> Result<HashMap<String, warren_runtime::Sandbox>, LifecycleError> {
+    Ok(lifecycle
         .on_runtime(|runtime| runtime.list())
         .await
         .map_err(|source| LifecycleError::Runtime {
             action: "list",
             id: "*".to_string(),
             source,
-        })?;
-    let mut adopted: Vec<String> = live.into_iter().map(|sandbox| sandbox.id).collect();
+        })?
+        .into_iter()
+        .map(|sandbox| (sandbox.id.clone(), sandbox))
+        .collect())
+}
+
+/// A server joining others that share its store and nodes: nothing is settled (the leader does
+/// that, and the others' operations are under way), the runtime only learns where each sandbox
+/// runs. The report lists the running sandboxes found.
+pub async fn join(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleError> {
+    let mut adopted: Vec<String> = live_sandboxes(lifecycle).await?.into_keys().collect();
     adopted.sort();
     Ok(ReconcileReport {
         adopted,
@@ -223,17 +232,7 @@ async fn settle_untended(
     if rows.is_empty() {
         return Ok(report);
     }
-    let running: HashMap<String, warren_runtime::Sandbox> = lifecycle
-        .on_runtime(|runtime| runtime.list())
-        .await
-        .map_err(|source| LifecycleError::Runtime {
-            action: "list",
-            id: "*".to_string(),
-            source,
-        })?
-        .into_iter()
-        .map(|sandbox| (sandbox.id.clone(), sandbox))
-        .collect();
+    let running = live_sandboxes(lifecycle).await?;
     for record in rows {
         let lock = lifecycle.lock_for(&record.id);
         let Ok(_held) = lock.try_lock() else {
@@ -634,21 +633,7 @@ pub async fn sweep(
     lifecycle: &Lifecycle,
     suspects: &mut HashSet<String>,
 ) -> Result<SweepReport, LifecycleError> {
-    let list = || async {
-        lifecycle
-            .on_runtime(|runtime| runtime.list())
-            .await
-            .map_err(|source| LifecycleError::Runtime {
-                action: "list",
-                id: "*".to_string(),
-                source,
-            })
-    };
-    let live: HashMap<String, warren_runtime::Sandbox> = list()
-        .await?
-        .into_iter()
-        .map(|sandbox| (sandbox.id.clone(), sandbox))
-        .collect();
+    let live = live_sandboxes(lifecycle).await?;
     let tracked = lifecycle
         .store()
         .list_sandboxes(&SandboxFilter {
