@@ -79,8 +79,10 @@ impl Lifecycle {
     }
 }
 
-/// One beat: renew this server's row, take or keep the lead, and as the leader settle what dead
-/// servers left. `address` is the API's, for operators reading the rows.
+/// One beat: renew this server's row, take or keep the lead, settle what this server's own
+/// operations left mid-transition, and as the leader what dead servers left. Fails only when the
+/// row could not be renewed or the lead not checked. `address` is the API's, for operators
+/// reading the rows.
 pub async fn beat(lifecycle: &Lifecycle, address: &str) -> Result<(), LifecycleError> {
     let store = lifecycle.store();
     let now = now_millis();
@@ -102,6 +104,17 @@ pub async fn beat(lifecycle: &Lifecycle, address: &str) -> Result<(), LifecycleE
         })
         .await?;
     lead?;
+    // What follows retries at the next beat: a node or the database away now is no reason to
+    // stop renewing (or, at start, to refuse to start).
+    if let Err(error) = tend(lifecycle, leading, now).await {
+        tracing::warn!(error = %warren_runtime::error_chain(&error), "cannot settle what operations left mid-transition yet");
+    }
+    Ok(())
+}
+
+/// Settles this server's own abandoned transitions, and as the leader what dead servers left.
+async fn tend(lifecycle: &Lifecycle, leading: bool, now: i64) -> Result<(), LifecycleError> {
+    let store = lifecycle.store();
     super::reconcile::settle_abandoned(lifecycle).await?;
     if !leading || !lifecycle.coordinated() {
         return Ok(());
