@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -161,19 +160,7 @@ def with_servers(creates: int) -> dict:
     state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
     nodes, made, results = [], [], {}
     try:
-        token = None
-        for index in range(2):
-            name, lan = f"wt-bench-{index}", f"wt-lan-{index}"
-            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
-            cluster._node_namespace(name, lan, server_address, node_address)
-            made.append((name, lan))
-            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
-            if token is not None:
-                extra += ["--token-file", str(token)]
-            node = cluster.Node([state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
-            node.start()
-            nodes.append(node)
-            token = node.token_file
+        cluster.start_nodes(nodes, made, [[], []], state, name="wt-bench", lan="wt-lan", octet=10, subnet=81)
         alone = cluster.RemoteCluster(nodes, state)
         alone.start()
         try:
@@ -181,6 +168,7 @@ def with_servers(creates: int) -> dict:
                 {"api_url": alone.api_url, "sandbox_url": alone.sandbox_url, "api_key": alone.api_key})}
         finally:
             alone.stop()
+            harness.drop_log(alone.log_path)
         (state / "warren.db").unlink(missing_ok=True)
         with harness.private_postgres() as database:
             a, b = (test_servers.SharedServer(state, nodes, database, name) for name in ("a", "b"))
@@ -194,14 +182,7 @@ def with_servers(creates: int) -> dict:
                     server.log_path.unlink(missing_ok=True)
         return results
     finally:
-        for node in nodes:
-            cluster._destroy_what_runs_on(node)
-            node.stop()
-        for node in nodes:
-            shutil.rmtree(node.state_dir, ignore_errors=True)
-            harness.drop_log(node.log_path)
-        for name, lan in made:
-            cluster._remove_namespace(name, lan)
+        cluster.stop_nodes(nodes, made)
         subprocess.run(["rm", "-rf", "--one-file-system", str(state)], check=False)
 
 
@@ -209,24 +190,12 @@ def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 
     server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-bench-"))
     nodes, made = [], []
     warren = None
+    # Each node's own limits too (`warren node --max-*`) for `many`.
+    limits = (["--max-sandboxes", str(amount + 16), "--max-total-memory-mib", str(2048 * (amount + 16)),
+               "--max-total-vcpus", str(4 * (amount + 16))] if only == "many" else [])
     try:
-        token = None
-        for index in range(count):
-            name, lan = f"wt-bench-{index}", f"wt-lan-{index}"
-            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
-            cluster._node_namespace(name, lan, server_address, node_address)
-            made.append((name, lan))
-            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address]
-            if only == "many":
-                # Each node's own limits too (`warren node --max-*`).
-                extra += ["--max-sandboxes", str(amount + 16), "--max-total-memory-mib", str(2048 * (amount + 16)),
-                          "--max-total-vcpus", str(4 * (amount + 16))]
-            if token is not None:
-                extra += ["--token-file", str(token)]
-            node = cluster.Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
-            node.start()
-            nodes.append(node)
-            token = node.token_file
+        cluster.start_nodes(nodes, made, [limits] * count, server_state, name="wt-bench", lan="wt-lan", octet=10,
+                            subnet=81)
         warren = cluster.RemoteCluster(nodes, server_state) if nodes else harness.Warren(server_state)
         if only == "many":
             # The server's own limits would refuse long before the machine is full.
@@ -245,13 +214,7 @@ def with_nodes(count: int, creates: int, only: str | None = None, amount: int = 
     finally:
         if warren is not None:
             warren.cleanup()
-        for node in nodes:
-            node.stop()
-        for node in nodes:
-            shutil.rmtree(node.state_dir, ignore_errors=True)
-            harness.drop_log(node.log_path)
-        for name, lan in made:
-            cluster._remove_namespace(name, lan)
+        cluster.stop_nodes(nodes, made)
 
 
 def main() -> int:

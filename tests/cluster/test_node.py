@@ -261,6 +261,45 @@ class RemoteCluster(RemoteWarren):
         return command
 
 
+def start_nodes(nodes: list, made: list, flags: list[list[str]], shared_state: Path, *, name: str, lan: str,
+                octet: int, subnet: int) -> None:
+    """Starts one node per entry of `flags` (its extra flags): node i in network namespace
+    `{name}-{i}`, joined to this one by veth `{lan}-{i}` on 198.18.{octet + i}.0/24, with sandbox
+    subnet 10.{subnet + i}.0.1/16 and this namespace's address as its server's; all share the first
+    node's token. Appends each node to `nodes` and each namespace to `made` as it goes, so a start
+    that fails half-way leaves both for `stop_nodes`."""
+    token = None
+    for index, extra_flags in enumerate(flags):
+        netns, link = f"{name}-{index}", f"{lan}-{index}"
+        server_address, node_address = f"198.18.{octet + index}.1", f"198.18.{octet + index}.2"
+        _node_namespace(netns, link, server_address, node_address)
+        made.append((netns, link))
+        extra = ["--subnet", f"10.{subnet + index}.0.1/16", "--server-address", server_address, *extra_flags]
+        if token is not None:
+            extra += ["--token-file", str(token)]
+        node = Node([shared_state, harness.base_rootfs()], netns=netns, address=node_address, extra=extra)
+        node.start()
+        nodes.append(node)
+        token = node.token_file
+
+
+def stop_nodes(nodes: list, made: list) -> None:
+    """Ends what runs on each node and stops it, then removes their state, logs and namespaces."""
+    try:
+        for node in nodes:
+            try:
+                _destroy_what_runs_on(node)
+            finally:
+                node.stop()
+    finally:
+        # After every node stopped: the later nodes read the first one's token file.
+        for node in nodes:
+            shutil.rmtree(node.state_dir, ignore_errors=True)
+            harness.drop_log(node.log_path)
+        for netns, link in made:
+            _remove_namespace(netns, link)
+
+
 @pytest.fixture
 def remote_nodes(request):
     """`request.param` nodes (a count, or a list of each node's extra flags), each in a namespace of
@@ -271,43 +310,18 @@ def remote_nodes(request):
         pytest.skip(reason)
     param = getattr(request, "param", 1)
     flags = param if isinstance(param, list) else [[] for _ in range(param)]
-    count = len(flags)
     server_state = Path(tempfile.mkdtemp(prefix="wt-cluster-state-"))
     nodes, made = [], []
     try:
-        token = None
-        for index in range(count):
-            # /run/netns is the host's: a name of this run's own.
-            name, lan = f"wt-node-{os.getpid()}-{index}", f"wt-lan-{index}"
-            server_address, node_address = f"198.18.{10 + index}.1", f"198.18.{10 + index}.2"
-            _node_namespace(name, lan, server_address, node_address)
-            made.append((name, lan))
-            extra = ["--subnet", f"10.{81 + index}.0.1/16", "--server-address", server_address, *flags[index]]
-            if token is not None:
-                extra += ["--token-file", str(token)]
-            node = Node([server_state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
-            node.start()
-            nodes.append(node)
-            token = node.token_file
+        # /run/netns is the host's: names of this run's own.
+        start_nodes(nodes, made, flags, server_state, name=f"wt-node-{os.getpid()}", lan="wt-lan", octet=10, subnet=81)
         warren = RemoteCluster(nodes, server_state)
         try:
             yield nodes, warren
         finally:
             warren.cleanup()
     finally:
-        try:
-            for node in nodes:
-                try:
-                    _destroy_what_runs_on(node)
-                finally:
-                    node.stop()
-        finally:
-            # After every node stopped: the later nodes read the first one's token file.
-            for node in nodes:
-                shutil.rmtree(node.state_dir, ignore_errors=True)
-                harness.drop_log(node.log_path)
-            for name, lan in made:
-                _remove_namespace(name, lan)
+        stop_nodes(nodes, made)
 
 
 def _destroy_what_runs_on(node: Node) -> None:

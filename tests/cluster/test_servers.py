@@ -14,7 +14,6 @@ on, and the killed server started again joins without disturbing a running sandb
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import harness
-from test_node import Node, _destroy_what_runs_on, _node_namespace, _remove_namespace, on
+from test_node import Node, on, start_nodes, stop_nodes
 
 
 class SharedServer(harness.Warren):
@@ -73,34 +72,14 @@ def fleet():
     nodes, made, servers = [], [], []
     with harness.private_postgres() as database:
         try:
-            token = None
-            for index in range(2):
-                name, lan = f"wt-srv-node-{os.getpid()}-{index}", f"wt-slan-{index}"
-                server_address, node_address = f"198.18.{20 + index}.1", f"198.18.{20 + index}.2"
-                _node_namespace(name, lan, server_address, node_address)
-                made.append((name, lan))
-                extra = ["--subnet", f"10.{91 + index}.0.1/16", "--server-address", server_address]
-                if token is not None:
-                    extra += ["--token-file", str(token)]
-                node = Node([state, harness.base_rootfs()], netns=name, address=node_address, extra=extra)
-                node.start()
-                nodes.append(node)
-                token = node.token_file
+            start_nodes(nodes, made, [[], []], state, name=f"wt-srv-node-{os.getpid()}", lan="wt-slan", octet=20,
+                        subnet=91)
             servers = [SharedServer(state, nodes, database, name) for name in ("a", "b")]
             yield database, nodes, servers
         finally:
             for server in servers:
                 server.stop()
-            for node in nodes:
-                try:
-                    _destroy_what_runs_on(node)
-                finally:
-                    node.stop()
-            for node in nodes:
-                shutil.rmtree(node.state_dir, ignore_errors=True)
-                harness.drop_log(node.log_path)
-            for name, lan in made:
-                _remove_namespace(name, lan)
+            stop_nodes(nodes, made)
             subprocess.run(["rm", "-rf", "--one-file-system", str(state)], check=False)
             for server in servers:
                 harness.drop_log(server.log_path)

@@ -139,6 +139,18 @@ def keep_logs_after_failures(report) -> None:
         KEEP_LOGS = True
 
 
+def stop_process(process: subprocess.Popen | None, how: int) -> None:
+    """Asks `process` to stop with signal `how`; SIGKILL if it has not within a minute."""
+    if process is None:
+        return
+    process.send_signal(how)
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
 # --- a private PostgreSQL ------------------------------------------------------------------------
 
 NOBODY = 65534
@@ -198,14 +210,7 @@ class Postgres:
 
     def stop(self) -> None:
         """Fast shutdown: every connection is cut, as when the database is restarted."""
-        if self.process is None:
-            return
-        self.process.send_signal(signal.SIGINT)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, signal.SIGINT)
         self.process = None
 
     def sql(self, query: str) -> str:
@@ -339,14 +344,7 @@ class Warren:
         self.process = None
 
     def stop(self) -> None:
-        if self.process is None:
-            return
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop_process(self.process, signal.SIGTERM)
         self.process = None
 
     def log_tail(self, lines: int = 40) -> str:

@@ -124,36 +124,15 @@ pub async fn join(lifecycle: &Lifecycle) -> Result<ReconcileReport, LifecycleErr
 /// Renews the supervisor deadlines of the build and warm-pool sandboxes this server holds (a
 /// server that does not lead; the leader's sweep renews every sandbox's).
 pub async fn renew_held(lifecycle: &Lifecycle) {
-    let building = lifecycle.build_sandboxes_in_use();
-    let pooled = lifecycle.pooled_ids();
     let now = super::now_millis();
     let lease = lifecycle.config().supervisor_lease.as_millis() as i64;
     let until = now.saturating_add(lease).max(0) as u64;
-    let renewals: Vec<String> = building
-        .unwrap_or_default()
+    let renewals = lifecycle
+        .held_without_rows()
         .into_iter()
-        .chain(pooled)
+        .map(|id| (id, until))
         .collect();
-    if renewals.is_empty() {
-        return;
-    }
-    let failed = lifecycle
-        .on_runtime(move |runtime| {
-            Ok(renewals
-                .into_iter()
-                .filter_map(|id| {
-                    runtime
-                        .renew(&id, until)
-                        .err()
-                        .map(|e| format!("{id}: {e}"))
-                })
-                .collect::<Vec<_>>())
-        })
-        .await
-        .unwrap_or_default();
-    if !failed.is_empty() {
-        tracing::warn!(?failed, "cannot renew supervisor deadlines");
-    }
+    send_renewals(lifecycle, renewals).await;
 }
 
 /// Adopts, settles or marks lost one tracked sandbox, from its row and what the runtime runs under
@@ -545,6 +524,12 @@ async fn renew_deadlines(
             .filter(|id| build_in_use(building, id) || pooled.contains(*id))
             .map(|id| (id.clone(), now.saturating_add(lease).max(0) as u64)),
     );
+    send_renewals(lifecycle, renewals).await;
+}
+
+/// Moves each sandbox's supervisor deadline to its Unix-millisecond `until`; failures are logged
+/// (a sandbox that just went away is the next pass's business).
+async fn send_renewals(lifecycle: &Lifecycle, renewals: Vec<(String, u64)>) {
     if renewals.is_empty() {
         return;
     }

@@ -54,7 +54,7 @@ impl Lifecycle {
     }
 
     /// The sandboxes this server keeps on the runtime without rows: its builds' and warm pools'.
-    fn held_without_rows(&self) -> Vec<String> {
+    pub(super) fn held_without_rows(&self) -> Vec<String> {
         let mut held: Vec<String> = self
             .build_sandboxes_in_use()
             .unwrap_or_default()
