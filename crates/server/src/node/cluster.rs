@@ -403,7 +403,14 @@ impl Runtime for ClusterRuntime {
     }
 
     fn thaw(&self, id: &str) -> Result<(), RuntimeError> {
-        self.node_of(id)?.thaw(id)
+        let node = self.node_of(id)?;
+        // A sandbox its node's fence froze comes back after the node's link did; the heartbeat
+        // routes to the node again within a beat, but the sandbox must be reachable the moment
+        // it runs again.
+        if let Err(error) = node.route_to_sandboxes() {
+            tracing::warn!(node = node.url(), %error, "cannot route to the node's sandboxes");
+        }
+        node.thaw(id)
     }
 
     fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
