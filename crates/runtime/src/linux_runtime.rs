@@ -682,11 +682,7 @@ impl LinuxRuntime {
                 "release the address {ip} of sandbox {id}"
             )))?;
         }
-        match std::fs::remove_dir_all(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_error(format!("remove {}", dir.display()))(e)),
-        }
+        remove_sandbox_dir(&dir)?;
         if let Ok(mut samples) = self.cpu_samples.lock() {
             samples.remove(id);
         }
@@ -1399,6 +1395,24 @@ fn checkpoint_error(error: CheckpointError) -> RuntimeError {
             source: Some(Box::new(error)),
         },
         other_error => RuntimeError::internal("checkpoint", other_error),
+    }
+}
+
+/// Removes a destroyed sandbox's directory. A process of the sandbox that was just killed (a lazy
+/// restore's helper) can still be finishing a write into it while it is removed, which fails with
+/// "directory not empty": that is tried again for a moment, as nothing else will write there.
+fn remove_sandbox_dir(dir: &Path) -> Result<(), RuntimeError> {
+    let mut tries = 0;
+    loop {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::DirectoryNotEmpty && tries < 20 => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            Err(e) => return Err(io_error(format!("remove {}", dir.display()))(e)),
+        }
     }
 }
 
